@@ -1,0 +1,1 @@
+"""vitrieval retrieval library: embedder, index store, metrics, dataset readers, benchmark."""

@@ -1,0 +1,76 @@
+"""The self-description an exported vitrieval model carries (DESIGN.md section 2).
+
+An exported `.onnx` file has input `images` (float32, (B, 3, H, W), normalised) and
+output `embeddings` (float32, (B, D), unit L2 norm), and in its `metadata_props` the
+keys below, prefixed `vitrieval.`, with JSON-encoded values. Export writes them with
+`to_properties`; whoever embeds reads them back with `read_model_metadata`, so the
+preprocessing is stated exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+FORMAT_VERSION = 1
+PREFIX = "vitrieval."
+INPUT_NAME = "images"
+OUTPUT_NAME = "embeddings"
+
+
+class ModelMetadataError(ValueError):
+    """The model file lacks vitrieval metadata or carries an unsupported version."""
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    input_size: tuple[int, int, int]  # (3, H, W), as in timm's data config
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str  # "bilinear" | "bicubic" | "nearest"
+    crop_pct: float  # resize the short side to H / crop_pct, then centre-crop H x W
+    embedding_dim: int
+    backbone: str
+    pooling: str
+    fingerprint: str  # sha256 of the weights
+    format_version: int = FORMAT_VERSION
+
+    def to_properties(self) -> dict[str, str]:
+        """Flat `vitrieval.<key>` -> JSON string mapping for ONNX metadata_props."""
+        return {PREFIX + k: json.dumps(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str]) -> ModelMetadata:
+        values = {}
+        for f in fields(cls):
+            raw = props.get(PREFIX + f.name)
+            if raw is None:
+                raise ModelMetadataError(
+                    f"model metadata lacks {PREFIX + f.name}; not a vitrieval export?"
+                )
+            values[f.name] = json.loads(raw)
+        if values["format_version"] > FORMAT_VERSION:
+            raise ModelMetadataError(
+                f"model format_version {values['format_version']} is newer than this vitrieval "
+                f"understands ({FORMAT_VERSION}); upgrade vitrieval"
+            )
+        for key in ("input_size", "mean", "std"):
+            values[key] = tuple(values[key])
+        return cls(**values)
+
+
+def read_model_metadata(path: str | Path) -> ModelMetadata:
+    """Read the metadata of an exported model with ONNX Runtime (no onnx package needed)."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelMetadataError(f"model file not found: {path}")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelMetadataError(f"{path} is not a loadable ONNX model: {exc}") from None
+    return ModelMetadata.from_properties(dict(session.get_modelmeta().custom_metadata_map))

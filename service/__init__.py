@@ -1,0 +1,1 @@
+"""vitrieval search service (HTTP API over an index and an exported model)."""

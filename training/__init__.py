@@ -1,0 +1,1 @@
+"""vitrieval training: ViT backbones, pooling heads, losses, the fit loop and ONNX export."""

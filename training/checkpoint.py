@@ -1,0 +1,112 @@
+"""Run-folder checkpoints in safetensors (no pickle), written atomically.
+
+    RUN/model.safetensors          the embedding model's weights after the last epoch
+    RUN/checkpoint/model.safetensors, loss.safetensors, optimizer.safetensors, state.json
+                                   everything `--resume` needs
+
+The optimiser state is flattened into tensors named `state.<param index>.<key>`; its
+param-group settings travel as JSON in the safetensors metadata. The random state
+needs no saving: every epoch reseeds from (seed, epoch), so a resumed run draws the
+same batches and augmentations as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save
+
+from index.atomic import atomic_write_bytes, atomic_write_text
+
+MODEL_FILE = "model.safetensors"
+CHECKPOINT_DIR = "checkpoint"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing or does not fit the model."""
+
+
+def save_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    payload = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    atomic_write_bytes(path, save(payload, metadata=metadata))
+
+
+def load_model_weights(model: torch.nn.Module, path: Path) -> None:
+    if not path.is_file():
+        raise CheckpointError(f"no weights at {path}")
+    state = load_file(str(path))
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path} does not fit the model: {exc}") from None
+
+
+def _flatten_optimizer(
+    optimizer: torch.optim.Optimizer,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, entries in state["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{index}.{key}"] = value
+            else:
+                scalars.setdefault(str(index), {})[key] = value
+    return tensors, {
+        "param_groups": json.dumps(state["param_groups"]),
+        "scalars": json.dumps(scalars),
+    }
+
+
+def _unflatten_optimizer(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = value
+    for index, entries in json.loads(metadata.get("scalars", "{}")).items():
+        state.setdefault(int(index), {}).update(entries)
+    return {"state": state, "param_groups": json.loads(metadata["param_groups"])}
+
+
+def save_checkpoint(
+    run: Path,
+    model: torch.nn.Module,
+    loss: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+) -> None:
+    """Write the resumable state, then the plain model weights; `state.json` last, as the commit."""
+    folder = run / CHECKPOINT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    save_tensors(folder / "model.safetensors", model.state_dict())
+    save_tensors(folder / "loss.safetensors", loss.state_dict())
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer)
+    save_tensors(folder / "optimizer.safetensors", opt_tensors, opt_meta)
+    save_tensors(run / MODEL_FILE, model.state_dict())
+    atomic_write_text(folder / "state.json", json.dumps(state))
+
+
+def load_checkpoint(
+    run: Path, model: torch.nn.Module, loss: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict:
+    """Restore model, loss and optimiser from RUN/checkpoint; returns the saved state dict."""
+    folder = run / CHECKPOINT_DIR
+    if not (folder / "state.json").is_file():
+        raise CheckpointError(f"{run} has no checkpoint to resume from")
+    load_model_weights(model, folder / "model.safetensors")
+    loss.load_state_dict(load_file(str(folder / "loss.safetensors")))
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "optimizer.safetensors"), framework="pt") as fh:
+        metadata = fh.metadata() or {}
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, metadata))
+    return json.loads((folder / "state.json").read_text())

@@ -1,0 +1,124 @@
+"""`vitrieval-train`: fit and export embedding models.
+
+Errors a user can cause (bad names, missing paths, unusable data) end with a one-line
+message and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from index.datasets import DatasetError
+from index.images import ImageDecodeError
+from index.model_metadata import ModelMetadataError
+
+from .backbones import BackboneError, vit_names
+from .checkpoint import CheckpointError
+from .config import ConfigError, FitConfig, add_config_arguments, config_from_args, load_config_file
+from .losses import UnknownLossError
+from .pooling import UnknownPoolingError
+
+USER_ERRORS = (
+    BackboneError,
+    CheckpointError,
+    ConfigError,
+    DatasetError,
+    ImageDecodeError,
+    ModelMetadataError,
+    UnknownLossError,
+    UnknownPoolingError,
+)
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from .trainer import CONFIG_FILE, TrainingError, fit
+
+    if args.list_backbones:
+        print("\n".join(vit_names()))
+        return 0
+    if args.resume:
+        if not args.out:
+            raise ConfigError("--resume needs --out RUN, the run to continue")
+        saved = Path(args.out) / CONFIG_FILE
+        if not saved.is_file():
+            raise ConfigError(f"{args.out} has no {CONFIG_FILE}; nothing to resume")
+        base = load_config_file(saved)
+        overrides = {
+            k: v
+            for k, v in vars(config_from_args(args)).items()
+            if getattr(args, k, None) is not None
+        }
+        cfg = FitConfig(**{**base, **overrides})
+    else:
+        cfg = config_from_args(args)
+    try:
+        fit(cfg, resume=args.resume)
+    except TrainingError as exc:
+        raise ConfigError(str(exc)) from None
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .export import ExportError, export_run
+
+    try:
+        report = export_run(
+            Path(args.run), Path(args.out), opset=args.opset, check=not args.no_check
+        )
+    except ExportError as exc:
+        print(f"vitrieval-train export: {exc}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitrieval-train", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    fit = sub.add_parser(
+        "fit", help="train an embedding model", description="Train a ViT embedding model."
+    )
+    add_config_arguments(fit)
+    fit.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its checkpoint"
+    )
+    fit.add_argument(
+        "--list-backbones", action="store_true", help="print the timm ViT names and exit"
+    )
+    fit.set_defaults(handler=_fit)
+
+    export = sub.add_parser(
+        "export",
+        help="export a run to a self-describing ONNX model",
+        description="Export a trained run to ONNX (input `images`, output `embeddings`, "
+        "vitrieval.* metadata) and check ONNX Runtime against PyTorch.",
+    )
+    export.add_argument("--run", required=True, help="run folder written by `fit`")
+    export.add_argument("--out", required=True, help="path of the .onnx file to write")
+    export.add_argument("--opset", type=int, default=18, help="ONNX opset (default: 18)")
+    export.add_argument(
+        "--no-check", action="store_true", help="skip the ONNX Runtime parity check"
+    )
+    export.set_defaults(handler=_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as exc:
+        print(f"vitrieval-train {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vitrieval-train {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Training configuration: one dataclass, filled from a file and the command line.
+
+Precedence: dataclass defaults < `--config FILE` (YAML or JSON) < command-line flags.
+The merged result, with derived defaults resolved, is saved as `RUN/config.yaml`, so
+a run folder always says exactly how it was trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that cannot be used; the message says which."""
+
+
+def _opt(help: str, default: Any = None, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class FitConfig:
+    """Everything `vitrieval-train fit` needs."""
+
+    out: str = _opt("run folder (created; holds config, metrics, checkpoints, plots)", "")
+    # data
+    dataset: str = _opt("digits | folder | csv | cub | cars | sop", "digits")
+    data_root: str | None = _opt("dataset folder or CSV file (all but digits)")
+    split: str | None = _opt("stratified | disjoint (default: the dataset's own protocol)")
+    test_fraction: float = _opt("held-out share per class for stratified splits", 0.3)
+    # model
+    backbone: str = _opt(
+        "preset name (tiny, small) or any timm ViT name", "tiny", flags=("--preset",)
+    )
+    pretrained: str | None = _opt("weights file (safetensors or state dict), or 'timm' for the hub")
+    pool: str = _opt("pooling head: cls | avg | max | gem | ggem", "ggem")
+    pool_p: float = _opt("initial exponent p of gem/ggem", 3.0)
+    pool_groups: int | None = _opt("ggem groups (default: the backbone's number of heads)")
+    dim: int | None = _opt("project the pooled vector to this many dimensions (default: none)")
+    drop_path: float = _opt("stochastic depth rate", 0.0)
+    # loss
+    loss: str = _opt("training loss", "norm_softmax")
+    temperature: float = _opt("softmax temperature of norm_softmax", 0.05)
+    # optimisation
+    epochs: int = _opt("training epochs", 30)
+    batch_size: int = _opt("images per step", 64)
+    lr: float = _opt("peak learning rate of the network (AdamW)", 1e-3)
+    proxy_lr_scale: float = _opt("learning-rate multiplier of the loss's class proxies", 100.0)
+    weight_decay: float = _opt("AdamW weight decay (not on biases, norms, tokens, p)", 0.05)
+    layer_decay: float | None = _opt(
+        "layer-wise lr decay (default: 0.65 with pretrained weights, else 1)"
+    )
+    warmup_epochs: float = _opt("linear warm-up length, in epochs", 2.0)
+    min_lr_ratio: float = _opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
+    clip_grad: float | None = _opt("clip the gradient norm to this value (none: no clipping)", 1.0)
+    # augmentation
+    crop_scale: float = _opt("smallest area share kept by the random resized crop", 0.6)
+    hflip: float | None = _opt("horizontal-flip probability (default: 0 for digits, 0.5 otherwise)")
+    # machinery
+    device: str = _opt("auto | cpu | cuda", "auto")
+    amp: bool = _opt("mixed precision on CUDA", True)
+    workers: int = _opt("data-loading worker processes", 1)
+    seed: int = _opt("random seed (data order, augmentation, initialisation)", 0)
+    eval_batch_size: int = _opt("images per step when embedding the held-out split", 256)
+
+    def resolved(self) -> FitConfig:
+        """A copy with the derived defaults filled in."""
+        cfg = FitConfig(**asdict(self))
+        if cfg.layer_decay is None:
+            cfg.layer_decay = 0.65 if cfg.pretrained else 1.0
+        if cfg.hflip is None:
+            cfg.hflip = 0.0 if cfg.dataset == "digits" else 0.5
+        return cfg
+
+    def validate(self) -> None:
+        if not self.out:
+            raise ConfigError("--out RUN is required")
+        positive = ("epochs", "batch_size", "lr", "eval_batch_size", "temperature")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}"
+                )
+        if not 0 < self.test_fraction < 1:
+            raise ConfigError(f"--test-fraction must lie in (0, 1), got {self.test_fraction}")
+        if not 0 < self.crop_scale <= 1:
+            raise ConfigError(f"--crop-scale must lie in (0, 1], got {self.crop_scale}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+
+    def save(self, path: Path) -> None:
+        path.write_text(yaml.safe_dump(asdict(self), sort_keys=False))
+
+
+def _field_type(tp: Any) -> tuple[type, bool]:
+    """(base type, optional?) of an annotation like `int | None`."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type = FitConfig) -> None:
+    """One `--flag` per dataclass field; defaults are left unset so the file can fill them."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        base, _ = _field_type(hints[f.name])
+        flags = (f"--{f.name.replace('_', '-')}", *f.metadata.get("flags", ()))
+        default_text = "" if f.default in (MISSING, None, "") else f" (default: {f.default})"
+        help_text = f.metadata.get("help", "") + default_text
+        if base is bool:
+            parser.add_argument(
+                *flags,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(*flags, dest=f.name, type=base, default=None, help=help_text)
+    parser.add_argument("--config", type=Path, help="YAML or JSON file of the same options")
+
+
+def load_config_file(path: Path, cls: type = FitConfig) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot parse {path}: {exc}") from None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of option names to values")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown options {', '.join(unknown)}")
+    return data
+
+
+def config_from_args(args: argparse.Namespace, cls: type = FitConfig) -> Any:
+    """Defaults, then the `--config` file, then explicit flags."""
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        values.update(load_config_file(args.config, cls))
+    for f in fields(cls):
+        given = getattr(args, f.name, None)
+        if given is not None:
+            values[f.name] = given
+    return cls(**values)

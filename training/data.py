@@ -1,0 +1,61 @@
+"""Torch views of `index.datasets` items: transforms from timm and a readability check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from timm.data import create_transform
+from torch.utils.data import Dataset
+from tqdm import tqdm
+
+from index.datasets import Item
+from index.images import ImageDecodeError
+
+
+class ImageDataset(Dataset):
+    """items -> (image tensor (3, H, W), class index)."""
+
+    def __init__(self, items: Sequence[Item], class_to_index: dict[str, int], transform: Callable):
+        self.items = list(items)
+        self.class_to_index = class_to_index
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        item = self.items[index]
+        return self.transform(item.open()), self.class_to_index[item.label]
+
+
+def build_transforms(
+    data_config: dict, crop_scale: float, hflip: float
+) -> tuple[Callable, Callable]:
+    """timm's training transform (random resized crop, flip, colour jitter) and eval transform."""
+    common = dict(
+        input_size=data_config["input_size"],
+        interpolation=data_config["interpolation"],
+        mean=data_config["mean"],
+        std=data_config["std"],
+    )
+    train = create_transform(is_training=True, scale=(crop_scale, 1.0), hflip=hflip, **common)
+    evaluation = create_transform(is_training=False, crop_pct=data_config["crop_pct"], **common)
+    return train, evaluation
+
+
+def drop_unreadable(items: Sequence[Item], desc: str) -> tuple[list[Item], list[tuple[str, str]]]:
+    """Decode every item once; return the readable ones and (key, reason) for the rest."""
+    good: list[Item] = []
+    bad: list[tuple[str, str]] = []
+    in_memory = all(item.path is None for item in items)
+    for item in tqdm(
+        items, desc=f"checking {desc}", unit="img", disable=None if not in_memory else True
+    ):
+        try:
+            item.open()
+        except ImageDecodeError as exc:
+            bad.append((item.key, str(exc)))
+        else:
+            good.append(item)
+    return good, bad

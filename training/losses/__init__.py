@@ -1,0 +1,23 @@
+"""Training losses, one per module, registered by name."""
+
+from __future__ import annotations
+
+from .base import MetricLoss, check_embeddings_and_labels
+from .norm_softmax import NormSoftmaxLoss
+from .registry import UnknownLossError, create_loss, loss_names, register_loss
+
+
+@register_loss("norm_softmax")
+def _norm_softmax(embedding_dim: int, num_classes: int, temperature: float = 0.05) -> MetricLoss:
+    return NormSoftmaxLoss(embedding_dim, num_classes, temperature=temperature)
+
+
+__all__ = [
+    "MetricLoss",
+    "NormSoftmaxLoss",
+    "UnknownLossError",
+    "check_embeddings_and_labels",
+    "create_loss",
+    "loss_names",
+    "register_loss",
+]

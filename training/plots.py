@@ -1,0 +1,37 @@
+"""Training curves as a PNG: loss and held-out R@1 / mAP per epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers; must precede pyplot
+import matplotlib.pyplot as plt
+
+from index.atomic import atomic_path
+
+
+def plot_curves(history: list[dict], path: Path) -> None:
+    """history: the rows of metrics.jsonl; writes a two-panel figure to `path`."""
+    epochs = [row["epoch"] for row in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), constrained_layout=True)
+    left.plot(epochs, [row["loss"] for row in history], marker="o", ms=3)
+    left.set(title="training loss", xlabel="epoch", ylabel="loss")
+    for key, label in (("recall@1", "R@1"), ("map", "mAP"), ("map_at_r", "MAP@R")):
+        values = [row.get(key) for row in history]
+        if any(v is not None for v in values):
+            right.plot(
+                epochs,
+                [float("nan") if v is None else v for v in values],
+                marker="o",
+                ms=3,
+                label=label,
+            )
+    right.set(title="held-out retrieval (leave-one-out)", xlabel="epoch", ylim=(0, 1.01))
+    right.legend(loc="lower right")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)

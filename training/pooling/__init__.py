@@ -1,0 +1,54 @@
+"""Pooling heads that turn ViT tokens into one vector per image, registered by name."""
+
+from __future__ import annotations
+
+from .avg import AvgPooling
+from .base import Pooling, split_tokens
+from .cls import ClsPooling
+from .gem import GeM
+from .ggem import GGeM
+from .max import MaxPooling
+from .registry import UnknownPoolingError, create_pooling, pooling_names, register_pooling
+
+
+@register_pooling("cls")
+def _cls(in_dim: int, num_heads: int) -> tuple[Pooling, int]:
+    return ClsPooling(), in_dim
+
+
+@register_pooling("avg")
+def _avg(in_dim: int, num_heads: int) -> tuple[Pooling, int]:
+    return AvgPooling(), in_dim
+
+
+@register_pooling("max")
+def _max(in_dim: int, num_heads: int) -> tuple[Pooling, int]:
+    return MaxPooling(), in_dim
+
+
+@register_pooling("gem")
+def _gem(in_dim: int, num_heads: int, p: float = 3.0) -> tuple[Pooling, int]:
+    return GeM(p=p), in_dim
+
+
+@register_pooling("ggem")
+def _ggem(
+    in_dim: int, num_heads: int, p: float = 3.0, groups: int | None = None
+) -> tuple[Pooling, int]:
+    # The paper's recommendation: one group per attention head.
+    return GGeM(groups=groups or num_heads, p=p), in_dim
+
+
+__all__ = [
+    "AvgPooling",
+    "ClsPooling",
+    "GGeM",
+    "GeM",
+    "MaxPooling",
+    "Pooling",
+    "UnknownPoolingError",
+    "create_pooling",
+    "pooling_names",
+    "register_pooling",
+    "split_tokens",
+]

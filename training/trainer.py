@@ -1,0 +1,239 @@
+"""The `fit` loop: metric-learning training of an EmbeddingModel with held-out evaluation.
+
+One epoch = a pass over the training split in shuffled batches (AdamW, warm-up +
+cosine schedule per step, gradient clipping, AMP on CUDA), then leave-one-out
+retrieval metrics on the held-out split, a checkpoint, one line of `metrics.jsonl`
+and a refreshed `curves.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from index.datasets import Split, load_dataset
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ConfigError, FitConfig
+from .data import ImageDataset, build_transforms, drop_unreadable
+from .evaluate import evaluate_retrieval
+from .losses import create_loss
+from .model import EmbeddingModel, build_model
+from .optim import lr_at, param_groups
+from .plots import plot_curves
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot proceed (no data, empty classes, a run folder in the way)."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but no CUDA device is available")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def model_from_config(cfg: FitConfig, load_pretrained: bool = True) -> EmbeddingModel:
+    pool_options: dict = {}
+    if cfg.pool in ("gem", "ggem"):
+        pool_options["p"] = cfg.pool_p
+    if cfg.pool == "ggem" and cfg.pool_groups:
+        pool_options["groups"] = cfg.pool_groups
+    return build_model(
+        cfg.backbone,
+        cfg.pool,
+        dim=cfg.dim,
+        pretrained=cfg.pretrained if load_pretrained else None,
+        pool_options=pool_options,
+        drop_path_rate=cfg.drop_path,
+    )
+
+
+def _load_split(cfg: FitConfig, image_size: int) -> Split:
+    split = load_dataset(
+        cfg.dataset,
+        cfg.data_root,
+        split=cfg.split,
+        test_fraction=cfg.test_fraction,
+        seed=cfg.seed,
+        image_size=image_size,
+    )
+    if len(split.train_classes()) < 2:
+        raise TrainingError(f"{split.name}: the training split needs at least 2 classes")
+    return split
+
+
+def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for row in rows if row["epoch"] <= upto_epoch]
+
+
+def _append_line(path: Path, row: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def fit(cfg: FitConfig, resume: bool = False) -> dict:
+    """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics."""
+    cfg = cfg.resolved()
+    cfg.validate()
+    run = Path(cfg.out)
+    if not resume and (run / METRICS_FILE).exists():
+        raise TrainingError(
+            f"{run} already holds a run; pass --resume to continue it or choose another --out"
+        )
+    run.mkdir(parents=True, exist_ok=True)
+    device = pick_device(cfg.device)
+    seed_everything(cfg.seed)
+
+    model = model_from_config(cfg, load_pretrained=not resume).to(device)
+    data_config = model.data_config()
+    split = _load_split(cfg, image_size=data_config["input_size"][-1])
+    train_items, bad_train = drop_unreadable(split.train, "training images")
+    test_items, bad_test = drop_unreadable(split.test, "held-out images")
+    skipped = bad_train + bad_test
+    if skipped:
+        (run / "skipped.txt").write_text("".join(f"{key}\t{reason}\n" for key, reason in skipped))
+        print(f"skipped {len(skipped)} unreadable images (listed in {run / 'skipped.txt'})")
+    if not train_items:
+        raise TrainingError(f"{split.name}: no readable training images")
+    classes = sorted({item.label for item in train_items})
+    class_to_index = {name: i for i, name in enumerate(classes)}
+
+    loss_options = {"temperature": cfg.temperature} if cfg.loss == "norm_softmax" else {}
+    loss_fn = create_loss(cfg.loss, model.embedding_dim, len(classes), **loss_options).to(device)
+    groups = param_groups(model, loss_fn, cfg.weight_decay, cfg.layer_decay, cfg.proxy_lr_scale)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
+
+    start_epoch = 0
+    if resume:
+        state = load_checkpoint(run, model, loss_fn, optimizer)
+        start_epoch = int(state["epoch"])
+        print(f"resuming {run} after epoch {start_epoch}")
+    history = _read_metrics(run / METRICS_FILE, start_epoch)
+    (run / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in history))
+    cfg.save(run / CONFIG_FILE)
+
+    train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip)
+    dataset = ImageDataset(train_items, class_to_index, train_tf)
+    drop_last = len(dataset) > cfg.batch_size
+    steps_per_epoch = len(dataset) // cfg.batch_size if drop_last else 1
+    total_steps = cfg.epochs * steps_per_epoch
+    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
+
+    use_amp = cfg.amp and device.type == "cuda"
+    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    print(
+        f"training {cfg.backbone}+{cfg.pool} on {split.name} ({len(train_items)} train / "
+        f"{len(test_items)} held-out images, {len(classes)} classes) on {device}"
+        f"{' with AMP ' + str(amp_dtype).removeprefix('torch.') if use_amp else ''}"
+    )
+
+    started = time.perf_counter()
+    row: dict = history[-1] if history else {}
+    for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        # Reseeding per epoch makes a resumed run draw the same batches as an unbroken one.
+        seed_everything(cfg.seed * 100_003 + epoch)
+        loader = DataLoader(
+            dataset,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            drop_last=drop_last,
+            num_workers=cfg.workers,
+            generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch),
+            pin_memory=device.type == "cuda",
+        )
+        model.train()
+        epoch_start = time.perf_counter()
+        loss_sum, seen = 0.0, 0
+        bar = tqdm(
+            total=steps_per_epoch * cfg.batch_size if drop_last else len(dataset),
+            unit="img",
+            desc=f"epoch {epoch}/{cfg.epochs}",
+            leave=False,
+            disable=None,
+        )
+        for step_in_epoch, (images, labels) in enumerate(loader):
+            step = (epoch - 1) * steps_per_epoch + step_in_epoch
+            lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group["lr_scale"]
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            autocast = torch.autocast("cuda", dtype=amp_dtype) if use_amp else nullcontext()
+            with autocast:
+                loss = loss_fn(model(images), labels)
+            if not torch.isfinite(loss):
+                raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if cfg.clip_grad:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            scaler.step(optimizer)
+            scaler.update()
+            loss_sum += loss.item() * len(labels)
+            seen += len(labels)
+            bar.update(len(labels))
+            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        bar.close()
+        train_seconds = time.perf_counter() - epoch_start
+        scores = evaluate_retrieval(model, test_items, eval_tf, cfg.eval_batch_size, device)
+        row = {
+            "epoch": epoch,
+            "loss": loss_sum / max(seen, 1),
+            "lr": lr,
+            **{k: _clean(v) for k, v in scores.items()},
+            "train_seconds": round(train_seconds, 3),
+            "train_images_per_s": round(seen / train_seconds, 1),
+        }
+        save_checkpoint(run, model, loss_fn, optimizer, {"epoch": epoch, "config": asdict(cfg)})
+        _append_line(run / METRICS_FILE, row)
+        history.append(row)
+        plot_curves(history, run / "curves.png")
+        print(
+            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  R@1 {row['recall@1']:.4f}  "
+            f"mAP {row['map']:.4f}  lr {lr:.2e}  {train_seconds:.1f}s "
+            f"({row['train_images_per_s']:.0f} img/s)"
+        )
+    elapsed = time.perf_counter() - started
+    if row:
+        print(
+            f"done: {cfg.epochs} epochs, held-out R@1 {row['recall@1']:.4f} mAP {row['map']:.4f} "
+            f"MAP@R {row['map_at_r']:.4f} in {elapsed:.0f}s -> {run}"
+        )
+    return row
+
+
+def _clean(value: float | int) -> float | int | None:
+    """JSON has no NaN: metrics undefined on a split (no valid query) become null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
