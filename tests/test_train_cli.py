@@ -1,0 +1,137 @@
+"""`vitrieval-train fit` and `export` end to end on small data, resume, and user errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from safetensors.torch import load_file
+
+from index.model_metadata import read_model_metadata
+from training.cli import main
+from training.config import FitConfig
+from training.trainer import fit
+
+FAST = ["--epochs", "2", "--batch-size", "128", "--workers", "0", "--warmup-epochs", "1"]
+
+
+def test_fit_and_export_digits(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["fit", "--dataset", "digits", "--preset", "tiny", "--out", str(run), *FAST]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2]
+    for row in rows:
+        assert {"epoch", "loss", "recall@1", "map", "map_at_r", "r_precision"} <= set(row)
+        assert 0.0 <= row["map"] <= row["recall@1"] <= 1.0
+    assert rows[1]["loss"] < rows[0]["loss"]
+    assert rows[1]["recall@1"] > 0.3  # far above chance (0.1) after two epochs
+    assert rows[0]["n_queries"] == 539  # leave-one-out over the stratified 30% held-out split
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["backbone"] == "tiny" and saved["pool"] == "ggem" and saved["layer_decay"] == 1.0
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "done: 2 epochs" in out
+
+    onnx_path = tmp_path / "model.onnx"
+    assert main(["export", "--run", str(run), "--out", str(onnx_path)]) == 0
+    meta = read_model_metadata(onnx_path)
+    assert meta.embedding_dim == 128 and meta.pooling == "ggem"
+    assert "max |diff|" in capsys.readouterr().out
+
+
+def _final_weights(run):
+    return load_file(str(run / "model.safetensors"))
+
+
+def test_resume_continues_exactly(tmp_path):
+    common = dict(dataset="digits", epochs=2, batch_size=256, workers=0, warmup_epochs=1.0, seed=3)
+    straight = tmp_path / "straight"
+    fit(FitConfig(out=str(straight), **common))
+    broken = tmp_path / "broken"
+    fit(FitConfig(out=str(broken), **{**common, "epochs": 1}))
+    # what a crash after epoch 1 leaves behind, then `fit --resume --epochs 2`
+    assert main(["fit", "--out", str(broken), "--resume", "--epochs", "2"]) == 0
+    a, b = _final_weights(straight), _final_weights(broken)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=0, rtol=0, msg=key)
+    rows = [json.loads(line) for line in (broken / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2]
+
+
+def test_existing_run_needs_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    assert main(["fit", "--out", str(run), *FAST]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--pool", "gemm"], "valid names: avg, cls, gem, ggem, max"),
+        (["--loss", "nope"], "valid names: norm_softmax"),
+        (["--preset", "huge"], "unknown backbone 'huge'"),
+        (["--dataset", "folder", "--data-root", "/nonexistent/photos"], "/nonexistent/photos"),
+        (["--dataset", "imagenet"], "unknown dataset"),
+        (["--dataset", "cub"], "root"),
+        (["--epochs", "0"], "--epochs must be > 0"),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(tmp_path, capsys, args, needle):
+    assert main(["fit", "--out", str(tmp_path / "r"), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_corrupt_images_are_skipped_and_counted(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    root = tmp_path / "photos"
+    for c, colour in enumerate([(220, 30, 30), (30, 220, 30), (30, 30, 220)]):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True)
+        for i in range(6):
+            pixels = np.clip(rng.normal(colour, 25, (40, 40, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i}.png")
+    (root / "class_1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    run = tmp_path / "run"
+    code = main(
+        [
+            "fit",
+            "--dataset",
+            "folder",
+            "--data-root",
+            str(root),
+            "--out",
+            str(run),
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--batch-size",
+            "8",
+        ]
+    )
+    assert code == 0
+    assert "skipped 1 unreadable images" in capsys.readouterr().out
+    skipped = (run / "skipped.txt").read_text()
+    assert "broken.jpg" in skipped and skipped.count("\n") == 1
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("vitrieval-train") or str(
+        __import__("pathlib").Path(sys.executable).parent / "vitrieval-train"
+    )
+    result = subprocess.run([exe, "fit", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    assert "--preset" in result.stdout and "--pool" in result.stdout
