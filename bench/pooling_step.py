@@ -14,7 +14,7 @@ from other work on a shared machine spreads over all poolings alike. Reported pe
 median over rounds of the mean step time in a round, and the minimum. Nothing is asserted.
 
 GGeM's overhead is (median step of ggem - median step of avg) / median step of avg; the goal
-(issue 2) is at most 5 % of the step.
+is at most 5 % of the step.
 
 Run:  .venv/bin/python bench/pooling_step.py [--preset small] [--markdown] [--json out.json]
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -45,15 +46,15 @@ class FitConfig:
     pool_p: float = _opt("initial exponent p of gem/ggem", 3.0)
     pool_groups: int | None = _opt("ggem groups (default: the backbone's number of heads)")
     dim: int | None = _opt("project the pooled vector to this many dimensions (default: none)")
-    drop_path: float = _opt("stochastic depth rate", 0.0)
+    drop_path: float = _opt("stochastic depth rate", 0.1)
     # loss
     loss: str = _opt("training loss", "norm_softmax")
     temperature: float = _opt("softmax temperature of norm_softmax", 0.05)
     # optimisation
-    epochs: int = _opt("training epochs", 30)
+    epochs: int = _opt("training epochs", 50)
     batch_size: int = _opt("images per step", 64)
-    lr: float = _opt("peak learning rate of the network (AdamW)", 1e-3)
-    proxy_lr_scale: float = _opt("learning-rate multiplier of the loss's class proxies", 100.0)
+    lr: float = _opt("peak learning rate of the network (AdamW)", 2e-3)
+    proxy_lr_scale: float = _opt("learning-rate multiplier of the loss's class proxies", 10.0)
     weight_decay: float = _opt("AdamW weight decay (not on biases, norms, tokens, p)", 0.05)
     layer_decay: float | None = _opt(
         "layer-wise lr decay (default: 0.65 with pretrained weights, else 1)"
@@ -62,12 +63,15 @@ class FitConfig:
     min_lr_ratio: float = _opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
     clip_grad: float | None = _opt("clip the gradient norm to this value (none: no clipping)", 1.0)
     # augmentation
-    crop_scale: float = _opt("smallest area share kept by the random resized crop", 0.6)
+    crop_scale: float = _opt("smallest area share kept by the random resized crop", 0.8)
     hflip: float | None = _opt("horizontal-flip probability (default: 0 for digits, 0.5 otherwise)")
+    auto_augment: str | None = _opt(
+        "timm auto-augment policy ('none' to turn it off)", "rand-m9-mstd0.5"
+    )
     # machinery
     device: str = _opt("auto | cpu | cuda", "auto")
     amp: bool = _opt("mixed precision on CUDA", True)
-    workers: int = _opt("data-loading worker processes", 1)
+    workers: int | None = _opt("data-loading processes (default: 0 for digits, else up to 4)")
     seed: int = _opt("random seed (data order, augmentation, initialisation)", 0)
     eval_batch_size: int = _opt("images per step when embedding the held-out split", 256)
 
@@ -78,6 +82,13 @@ class FitConfig:
             cfg.layer_decay = 0.65 if cfg.pretrained else 1.0
         if cfg.hflip is None:
             cfg.hflip = 0.0 if cfg.dataset == "digits" else 0.5
+        if cfg.workers is None:
+            # digits live in memory and decode for free; files are worth a worker pool
+            cfg.workers = (
+                0 if cfg.dataset == "digits" else min(4, max(1, (os.cpu_count() or 2) - 1))
+            )
+        if cfg.auto_augment in ("", "none"):
+            cfg.auto_augment = None
         return cfg
 
     def validate(self) -> None:

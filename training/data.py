@@ -30,7 +30,7 @@ class ImageDataset(Dataset):
 
 
 def build_transforms(
-    data_config: dict, crop_scale: float, hflip: float
+    data_config: dict, crop_scale: float, hflip: float, auto_augment: str | None = None
 ) -> tuple[Callable, Callable]:
     """timm's training transform (random resized crop, flip, colour jitter) and eval transform."""
     common = dict(
@@ -39,7 +39,9 @@ def build_transforms(
         mean=data_config["mean"],
         std=data_config["std"],
     )
-    train = create_transform(is_training=True, scale=(crop_scale, 1.0), hflip=hflip, **common)
+    train = create_transform(
+        is_training=True, scale=(crop_scale, 1.0), hflip=hflip, auto_augment=auto_augment, **common
+    )
     evaluation = create_transform(is_training=False, crop_pct=data_config["crop_pct"], **common)
     return train, evaluation
 

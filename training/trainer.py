@@ -140,7 +140,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     (run / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in history))
     cfg.save(run / CONFIG_FILE)
 
-    train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip)
+    train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, cfg.auto_augment)
     dataset = ImageDataset(train_items, class_to_index, train_tf)
     drop_last = len(dataset) > cfg.batch_size
     steps_per_epoch = len(dataset) // cfg.batch_size if drop_last else 1
