@@ -18,8 +18,7 @@ from index.model_metadata import ModelMetadataError
 from .backbones import BackboneError, vit_names
 from .checkpoint import CheckpointError
 from .config import ConfigError, FitConfig, add_config_arguments, config_from_args, load_config_file
-from .losses import UnknownLossError
-from .pooling import UnknownPoolingError
+from .registry import UnknownNameError
 
 USER_ERRORS = (
     BackboneError,
@@ -28,8 +27,7 @@ USER_ERRORS = (
     DatasetError,
     ImageDecodeError,
     ModelMetadataError,
-    UnknownLossError,
-    UnknownPoolingError,
+    UnknownNameError,
 )
 
 

@@ -51,7 +51,7 @@ class FitConfig:
     loss: str = _opt("training loss", "norm_softmax")
     temperature: float = _opt("softmax temperature of norm_softmax", 0.05)
     # optimisation
-    epochs: int = _opt("training epochs", 50)
+    epochs: int = _opt("training epochs", 80)
     batch_size: int = _opt("images per step", 64)
     lr: float = _opt("peak learning rate of the network (AdamW)", 2e-3)
     proxy_lr_scale: float = _opt("learning-rate multiplier of the loss's class proxies", 10.0)
