@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import os
 import warnings
-from pathlib import Path
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
@@ -109,12 +108,3 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         # 16-bit greyscale: scale into 8 bits rather than clipping.
         image = image.point(lambda v: v / 256).convert("L")
     return image.convert("RGB")
-
-
-def is_readable_image(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> bool:
-    """True when `open_image` would succeed on `path`."""
-    try:
-        open_image(path, max_pixels=max_pixels)
-    except ImageDecodeError:
-        return False
-    return True

@@ -1,4 +1,4 @@
-"""Run-folder checkpoints in safetensors (no pickle), written atomically.
+"""Run-folder checkpoints, in safetensors only (loading runs no code), written atomically.
 
     RUN/model.safetensors          the embedding model's weights after the last epoch
     RUN/checkpoint/model.safetensors, loss.safetensors, optimizer.safetensors, state.json

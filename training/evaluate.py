@@ -26,9 +26,10 @@ def embed_items(
     workers: int = 0,
 ) -> np.ndarray:
     """items -> float32 (N, D) embeddings, in item order."""
-    labels = {item.label: 0 for item in items}
+    # Only the images matter here; every label maps to a dummy class index.
+    any_class = {item.label: 0 for item in items}
     loader = DataLoader(
-        ImageDataset(items, labels, transform),
+        ImageDataset(items, any_class, transform),
         batch_size=batch_size,
         shuffle=False,
         num_workers=workers,

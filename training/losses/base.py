@@ -9,8 +9,8 @@ from torch import nn
 class MetricLoss(nn.Module):
     """Base class. `forward(embeddings (N, D) float, labels (N,) int) -> scalar`.
 
-    Subclasses implement `compute_loss` and may own parameters (class proxies); those
-    are returned by `proxy_parameters` so the optimizer can give them their own rate.
+    Subclasses implement `compute_loss` and may own parameters (class proxies); the
+    optimiser puts every parameter of a loss in a group with its own learning rate.
     """
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -19,9 +19,6 @@ class MetricLoss(nn.Module):
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
-
-    def proxy_parameters(self) -> list[nn.Parameter]:
-        return list(self.parameters())
 
 
 def check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor) -> None:
