@@ -1,28 +1,253 @@
-"""`vitrieval-index`: build, inspect and search indexes (commands listed by --help)."""
+"""`vitrieval-index`: build, update, inspect, search and benchmark image indexes.
+
+Every failure a user can cause (a missing path, a corrupt or foreign index, a model
+with another fingerprint) ends with one line on stderr and exit status 2; no
+traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from .datasets import DatasetError
+from .images import ImageDecodeError
+from .model_metadata import ModelMetadataError
+
+USER_ERRORS: tuple[type[Exception], ...] = (
+    DatasetError,
+    ImageDecodeError,
+    ModelMetadataError,
+    FileNotFoundError,
+    ValueError,
+)
+
+
+def _embedder(model: Path, args: argparse.Namespace):
+    from .embedder import Embedder
+
+    return Embedder(model, device=args.device, batch_size=args.batch_size)
+
+
+def _index_model(index: Path, override: str | None) -> Path:
+    """The model an index was built with; `--model` may only name the same weights."""
+    from .model_metadata import read_model_metadata
+    from .store import IndexStore, StoreError
+
+    store = IndexStore.open(index)
+    if store.model_path is None:
+        raise StoreError(f"{index} holds no copy of its model; pass --model")
+    if override:
+        theirs = read_model_metadata(override).fingerprint
+        if theirs != store.fingerprint:
+            raise StoreError(
+                f"--model {override} has fingerprint {theirs[:12]}, the index was built with "
+                f"{(store.fingerprint or '')[:12]}"
+            )
+        return Path(override)
+    return store.model_path
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .build import build_index
+    from .sources import read_sources
+
+    items = read_sources(args.images, args.labels_from_folders)
+    out = Path(args.out)
+    model = Path(args.model) if args.model else _index_model(out, None)
+    report = build_index(
+        items, out, _embedder(model, args), factory=args.factory, save_every=args.save_every
+    )
+    for failure in report.failed[:10]:
+        print(f"  skipped {failure['key']}: {failure['reason']}")
+    if len(report.failed) > 10:
+        print(f"  ... and {len(report.failed) - 10} more")
+    print(report.summary(out))
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    args.out = args.index
+    args.factory = None
+    return _build(args)
+
+
+def _remove(args: argparse.Namespace) -> int:
+    from .store import IndexStore
+
+    keys = list(args.keys)
+    if args.keys_from:
+        lines = Path(args.keys_from).read_text().splitlines()
+        keys += [line.strip() for line in lines if line.strip()]
+    store = IndexStore.open(args.index)
+    removed = store.remove(keys)
+    store.save()
+    print(f"removed {removed} of {len(keys)} keys; {args.index} holds {len(store)} items")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .store import IndexStore
+
+    info = IndexStore.open(args.index).info()
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        width = max(len(k) for k in info)
+        for key, value in info.items():
+            print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from .images import open_image
+    from .store import IndexStore
+
+    if args.k < 1:
+        raise ValueError("-k must be at least 1")
+    model = _index_model(Path(args.index), args.model)
+    store = IndexStore.open(args.index)
+    embedder = _embedder(model, args)
+    images = [open_image(path) for path in args.images]
+    results = store.search(embedder.embed_images(images), args.k, label=args.label)
+    if args.json:
+        payload = [
+            {
+                "query": str(path),
+                "hits": [
+                    {"key": h.key, "score": h.score, "label": h.label, "path": h.path} for h in hits
+                ],
+            }
+            for path, hits in zip(args.images, results, strict=True)
+        ]
+        print(json.dumps(payload, indent=2))
+        return 0
+    for path, hits in zip(args.images, results, strict=True):
+        print(f"{path}")
+        for rank, hit in enumerate(hits, 1):
+            print(f"  {rank:>3}  {hit.score:.4f}  {hit.label or '-':<16}  {hit.key}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .benchmark import DEFAULT_KS, SOP_KS, format_table, run_benchmark, write_report
+    from .datasets import csv_list, load_dataset
+
+    if args.gallery:
+        gallery = csv_list(args.gallery)
+        queries = csv_list(args.queries) if args.queries else None
+        name = f"csv:{args.gallery}"
+    elif args.queries:
+        raise DatasetError("--queries needs --gallery")
+    else:
+        split = load_dataset(args.dataset, args.data_root, seed=args.seed)
+        gallery, queries, name = split.test, None, split.name
+    ks = tuple(args.ks) if args.ks else (SOP_KS if args.dataset == "sop" else DEFAULT_KS)
+    embedder = _embedder(Path(args.model), args)
+    report = run_benchmark(embedder, gallery, queries, ks=ks, factory=args.factory, name=name)
+    write_report(report, Path(args.out))
+    print(format_table(report))
+    print(f"report written to {Path(args.out) / 'report.json'}")
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from .quantize import quantize_model
+
+    report = quantize_model(Path(args.model), Path(args.out))
+    print(report.summary() if hasattr(report, "summary") else report)
+    return 0
+
+
+def _runtime_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--batch-size", type=int, default=64, help="images per model call")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitrieval-index", description=__doc__.splitlines()[0])
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log which devices are used")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    build = sub.add_parser("build", help="embed images into a new or existing index")
+    build.add_argument("--model", help="exported .onnx model (default: the index's own copy)")
+    build.add_argument("--images", required=True, help="folder (walked recursively) or CSV list")
+    build.add_argument("--out", required=True, help="index directory")
+    build.add_argument("--factory", help="FAISS index_factory string (default: Flat)")
+    build.add_argument("--labels-from-folders", action="store_true", help="label = top folder name")
+    build.add_argument("--save-every", type=int, default=2048, help="commit every N images")
+    _runtime_options(build)
+    build.set_defaults(handler=_build)
+
+    add = sub.add_parser("add", help="add images to an index, with the model it was built with")
+    add.add_argument("index")
+    add.add_argument("--images", required=True, help="folder or CSV list")
+    add.add_argument("--model", help="must have the index's fingerprint")
+    add.add_argument("--labels-from-folders", action="store_true")
+    add.add_argument("--save-every", type=int, default=2048)
+    _runtime_options(add)
+    add.set_defaults(handler=_add)
+
+    remove = sub.add_parser("remove", help="remove items by key")
+    remove.add_argument("index")
+    remove.add_argument("keys", nargs="*")
+    remove.add_argument("--keys-from", help="file with one key per line")
+    remove.set_defaults(handler=_remove)
+
+    info = sub.add_parser("info", help="describe an index (verifies its checksums)")
+    info.add_argument("index")
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(handler=_info)
+
+    search = sub.add_parser("search", help="top-k neighbours of query images")
+    search.add_argument("index")
+    search.add_argument("images", nargs="+", help="query image files")
+    search.add_argument("-k", type=int, default=10)
+    search.add_argument("--label", help="only return items with this label")
+    search.add_argument("--model", help="override the index's model (same fingerprint only)")
+    search.add_argument("--json", action="store_true")
+    _runtime_options(search)
+    search.set_defaults(handler=_search)
+
+    bench = sub.add_parser("bench", help="embed, index and evaluate a labelled set")
+    bench.add_argument("--model", required=True)
+    bench.add_argument("--dataset", default="digits", help="digits|cub|cars|sop|folder|csv")
+    bench.add_argument("--data-root", help="dataset folder or CSV (all but digits)")
+    bench.add_argument("--gallery", help="gallery CSV (path,label[,key])")
+    bench.add_argument("--queries", help="query CSV; without it, leave-one-out over the gallery")
+    bench.add_argument("--ks", type=int, nargs="+", help="Recall@K cut-offs")
+    bench.add_argument("--factory", default="Flat", help="FAISS index_factory string")
+    bench.add_argument("--seed", type=int, default=0, help="split seed (digits, folder, csv)")
+    bench.add_argument("--out", required=True, help="report folder")
+    _runtime_options(bench)
+    bench.set_defaults(handler=_bench)
+
+    quantize = sub.add_parser("quantize", help="INT8 dynamic quantisation of a model")
+    quantize.add_argument("--model", required=True)
+    quantize.add_argument("--out", required=True)
+    quantize.set_defaults(handler=_quantize)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command is None:
-        print(
-            "vitrieval-index: no index commands are available in this version yet; "
-            "train and export a model with vitrieval-train",
-            file=sys.stderr,
-        )
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
+    )
+    from .store import StoreError
+
+    try:
+        return args.handler(args)
+    except (*USER_ERRORS, StoreError) as exc:
+        print(f"vitrieval-index {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    except KeyboardInterrupt:
+        print(f"vitrieval-index {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

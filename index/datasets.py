@@ -52,10 +52,14 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class Item:
-    """One labelled image: on disk (`path`) or in memory (`pixels`, uint8 HxW or HxWx3)."""
+    """One image: on disk (`path`) or in memory (`pixels`, uint8 HxW or HxWx3).
+
+    `label` is the class name; None only for unlabelled catalogue images being indexed
+    (every dataset reader sets it).
+    """
 
     key: str
-    label: str
+    label: str | None
     path: Path | None = None
     pixels: np.ndarray | None = field(default=None, compare=False, repr=False)
 

@@ -1,0 +1,143 @@
+"""Offline benchmark: embed a labelled set, index it, measure quality and speed.
+
+What `vitrieval-index bench` runs. Quality comes from `index.metrics` on the
+embeddings (exact ranking, so the numbers describe the model, not the index type);
+for an approximate FAISS factory the report adds its recall@10 against exact search,
+which is what the index type costs in quality. Speed: embedding images/s (decode +
+preprocess + model, the whole pipeline) and search queries/s of the index.
+
+Protocols: with only a gallery, leave-one-out within it; with a query set, queries
+against the gallery. A dataset name uses its held-out split as the gallery
+(leave-one-out), the standard protocol for CUB, Cars and SOP.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import atomic_write_text
+from .datasets import Item
+from .embedder import Embedder
+from .metrics import retrieval_metrics
+from .store import IndexStore
+
+DEFAULT_KS = (1, 2, 4, 8)
+SOP_KS = (1, 10, 100, 1000)
+FIDELITY_K = 10
+
+
+def _embed(embedder: Embedder, items: Sequence[Item]) -> tuple[np.ndarray, list, int, float]:
+    started = time.perf_counter()
+    result = embedder.embed_items(items, progress=True)
+    seconds = time.perf_counter() - started
+    labels = [items[i].label for i in result.indices]
+    return result.embeddings, labels, len(result.errors), len(items) / max(seconds, 1e-9)
+
+
+def _exact_top_k(
+    queries: np.ndarray, gallery: np.ndarray, k: int, leave_one_out: bool
+) -> np.ndarray:
+    scores = queries @ gallery.T
+    if leave_one_out:
+        np.fill_diagonal(scores, -np.inf)
+    # stable sort on the negated scores keeps the ascending-index tie rule
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+def _index_measurements(
+    gallery: np.ndarray, queries: np.ndarray, factory: str, leave_one_out: bool
+) -> dict[str, float]:
+    """Build `factory` over the gallery; time the search; compare with exact search."""
+    k = min(FIDELITY_K, len(gallery) - (1 if leave_one_out else 0))
+    with tempfile.TemporaryDirectory() as tmp:
+        store = IndexStore.create(Path(tmp) / "index", dim=gallery.shape[1], factory=factory)
+        if store.needs_training():
+            store.train(gallery)
+        keys = [str(i) for i in range(len(gallery))]
+        store.add(keys, gallery)
+        fetch = k + 1 if leave_one_out else k
+        started = time.perf_counter()
+        hits = store.search(queries, fetch)
+        qps = len(queries) / max(time.perf_counter() - started, 1e-9)
+        store.save()
+        index_bytes = sum(
+            p.stat().st_size for p in (Path(tmp) / "index").iterdir() if p.suffix != ".onnx"
+        )
+    measured = {"search_qps": qps, "index_bytes": index_bytes, "index_factory": factory}
+    if factory != "Flat" and k > 0:
+        exact = _exact_top_k(queries, gallery, k, leave_one_out)
+        overlap = []
+        for row, (query_hits, truth) in enumerate(zip(hits, exact, strict=True)):
+            found = [int(h.key) for h in query_hits if not (leave_one_out and int(h.key) == row)]
+            overlap.append(len(set(found[:k]) & set(truth.tolist())) / k)
+        measured[f"recall@{k}_vs_exact"] = float(np.mean(overlap))
+    return measured
+
+
+def run_benchmark(
+    embedder: Embedder,
+    gallery: Sequence[Item],
+    queries: Sequence[Item] | None = None,
+    *,
+    ks: Sequence[int] = DEFAULT_KS,
+    factory: str = "Flat",
+    name: str = "",
+) -> dict:
+    """Everything `report.json` holds; see the module docstring for the protocol."""
+    gallery_vectors, gallery_labels, gallery_failed, embed_rate = _embed(embedder, gallery)
+    report: dict = {"dataset": name, "model_fingerprint": embedder.fingerprint, "dim": embedder.dim}
+    if queries is None:
+        scores = retrieval_metrics(gallery_vectors, gallery_labels, ks=ks)
+        query_vectors, failed = gallery_vectors, gallery_failed
+        protocol = "leave-one-out"
+    else:
+        query_vectors, query_labels, query_failed, _ = _embed(embedder, queries)
+        scores = retrieval_metrics(
+            query_vectors,
+            query_labels,
+            ks=ks,
+            gallery_embeddings=gallery_vectors,
+            gallery_labels=gallery_labels,
+        )
+        failed = gallery_failed + query_failed
+        protocol = "queries-vs-gallery"
+    report.update(
+        protocol=protocol,
+        n_gallery=len(gallery_vectors),
+        unreadable_images=failed,
+        embed_images_per_s=embed_rate,
+        **scores,
+    )
+    report.update(
+        _index_measurements(gallery_vectors, query_vectors, factory, leave_one_out=queries is None)
+    )
+    return report
+
+
+def write_report(report: dict, out: Path) -> None:
+    """REPORT/report.json and a Markdown table, REPORT/report.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "report.json", json.dumps(_json_safe(report), indent=2))
+    rows = "\n".join(f"| {key} | {_fmt(value)} |" for key, value in report.items())
+    atomic_write_text(out / "report.md", f"| metric | value |\n|---|---|\n{rows}\n")
+
+
+def format_table(report: dict) -> str:
+    width = max(len(key) for key in report)
+    return "\n".join(f"{key.ljust(width)}  {_fmt(value)}" for key, value in report.items())
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def _json_safe(report: dict) -> dict:
+    return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in report.items()}

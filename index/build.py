@@ -1,0 +1,129 @@
+"""Embed a list of images into an index directory: resumable, and tolerant of bad files.
+
+`build_index` is what `vitrieval-index build` and `add` run:
+
+- items whose key is already in the index are skipped, so re-running an interrupted
+  build continues where the last save left off;
+- images are embedded and committed in chunks (`save_every`), each chunk ending with an
+  atomic save, so a crash loses at most one chunk;
+- files that cannot be decoded are skipped, counted, and listed in the report
+  (`OUT/build_report.json`), and the build still succeeds;
+- factories that need training (IVF, PQ) are trained on the embeddings of the whole
+  list before anything is added.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import atomic_write_text
+from .datasets import Item
+from .embedder import Embedder, EmbedResult
+from .store import IndexStore, StoreError
+
+REPORT_FILE = "build_report.json"
+MAX_TRAINING_VECTORS = 200_000
+
+
+@dataclass
+class BuildReport:
+    total: int = 0
+    indexed: int = 0
+    already_present: int = 0
+    failed: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    images_per_s: float = 0.0
+    index_size: int = 0
+
+    def summary(self, out: Path) -> str:
+        failed = len(self.failed)
+        notes = f", {self.already_present} already present" if self.already_present else ""
+        notes += f", {failed} unreadable skipped (see {out / REPORT_FILE})" if failed else ""
+        return (
+            f"indexed {self.indexed} of {self.total} images{notes} in {self.seconds:.1f}s "
+            f"({self.images_per_s:.0f} img/s); {out} holds {self.index_size} items"
+        )
+
+
+def open_or_create(out: Path, embedder: Embedder, factory: str | None) -> IndexStore:
+    """Open the index in `out` (checking it was built with this model) or start a new one."""
+    if (out / "manifest.json").exists():
+        store = IndexStore.open(out, fingerprint=embedder.fingerprint, dim=embedder.dim)
+        if factory and factory != store.factory:
+            raise StoreError(f"{out} was built with factory {store.factory!r}, not {factory!r}")
+        return store
+    return IndexStore.create(
+        out,
+        dim=embedder.dim,
+        factory=factory or "Flat",
+        fingerprint=embedder.fingerprint,
+        model_path=embedder.model_path,
+    )
+
+
+def _add_chunk(store: IndexStore, items: Sequence[Item], embeddings: np.ndarray) -> None:
+    store.add(
+        [item.key for item in items],
+        embeddings,
+        labels=[item.label for item in items],
+        paths=[str(item.path) if item.path else None for item in items],
+    )
+
+
+def build_index(
+    items: Sequence[Item],
+    out: Path,
+    embedder: Embedder,
+    *,
+    factory: str | None = None,
+    save_every: int = 2048,
+    progress: bool = True,
+) -> BuildReport:
+    """Add `items` to the index in `out` (created if missing); returns what happened."""
+    started = time.perf_counter()
+    store = open_or_create(out, embedder, factory)
+    report = BuildReport(total=len(items))
+    todo = [item for item in items if item.key not in store]
+    report.already_present = len(items) - len(todo)
+
+    def good_items(result: EmbedResult) -> list[Item]:
+        for position, reason in result.errors:
+            item = todo[position]
+            report.failed.append({"key": item.key, "path": str(item.path or ""), "reason": reason})
+        return [todo[i] for i in result.indices]
+
+    if todo and store.needs_training():
+        # IVF/PQ: learn the coarse quantiser from this data, then add everything at once.
+        result = embedder.embed_items(todo, progress=progress)
+        good = good_items(result)
+        if not good:
+            raise StoreError("no readable images to train the index on")
+        rng = np.random.default_rng(0)
+        store.train(result.embeddings[rng.permutation(len(good))[:MAX_TRAINING_VECTORS]])
+        _add_chunk(store, good, result.embeddings)
+        report.indexed = len(good)
+    else:
+        # The embedder streams batches without pausing its decode pipeline; commit every
+        # `save_every` images so an interrupted build resumes close to where it stopped.
+        since_save = 0
+        for result in embedder.iter_items(todo, progress=progress):
+            good = good_items(result)
+            if good:
+                _add_chunk(store, good, result.embeddings)
+                report.indexed += len(good)
+            since_save += len(result.indices) + len(result.errors)
+            if since_save >= save_every:
+                store.save()
+                since_save = 0
+    store.save()  # also leaves a valid, empty index when there was nothing to add
+    report.seconds = time.perf_counter() - started
+    report.images_per_s = report.indexed / report.seconds if report.seconds else 0.0
+    report.index_size = len(store)
+    atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
+    return report

@@ -1,0 +1,46 @@
+"""Where images to index come from: a folder walked recursively, or a CSV list.
+
+Both give `Item`s (see `index.datasets`): the key is what the index stores and what
+search results return, so it must be stable across runs (a re-run of `build` skips
+keys already indexed).
+
+- Folder: every file with an image extension below DIR, in sorted order; the key is
+  the path relative to DIR (posix), the label the first folder component when
+  `labels_from_folders` (images directly in DIR then have no label).
+- CSV: `index.datasets.csv_list` (header row, `path,label[,key]`, relative paths
+  against the CSV's folder).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .datasets import IMAGE_EXTENSIONS, DatasetError, Item, csv_list
+
+
+def walk_images(root: Path, labels_from_folders: bool = False) -> list[Item]:
+    """Items for every image file below `root` (hidden files and folders skipped)."""
+    if not root.is_dir():
+        raise DatasetError(f"image folder not found: {root}")
+    items = []
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if any(part.startswith(".") for part in relative.parts):
+            continue
+        if not path.is_file() or path.suffix.lower() not in IMAGE_EXTENSIONS:
+            continue
+        label = relative.parts[0] if labels_from_folders and len(relative.parts) > 1 else None
+        items.append(Item(key=relative.as_posix(), label=label, path=path))
+    return items
+
+
+def read_sources(images: str | Path, labels_from_folders: bool = False) -> list[Item]:
+    """`images` is a folder or a `.csv` list; returns its items in a stable order."""
+    images = Path(images)
+    if images.suffix.lower() == ".csv":
+        if labels_from_folders:
+            raise DatasetError("--labels-from-folders applies to folders; a CSV carries its labels")
+        return csv_list(images)
+    if not images.exists():
+        raise DatasetError(f"--images path not found: {images}")
+    return walk_images(images, labels_from_folders)

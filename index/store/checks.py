@@ -1,0 +1,81 @@
+"""Validation of what callers pass to the store: vectors, keys and per-item columns.
+
+Everything here raises StoreError with one sentence saying what was wrong, before the
+store changes anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import StoreError
+
+UNIT_NORM_TOLERANCE = 1e-3  # |norm - 1| allowed for added vectors (float32 rounding is ~1e-7)
+
+
+def as_matrix(vectors: Any, dim: int, what: str) -> np.ndarray:
+    """Validate `vectors` as a finite (n, dim) array; returns C-contiguous float32."""
+    try:
+        x = np.ascontiguousarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise StoreError(f"{what} must be a numeric (n, {dim}) array") from None
+    if x.ndim != 2 or x.shape[1] != dim:
+        raise StoreError(f"{what} must have shape (n, {dim}), got {x.shape}")
+    if not np.isfinite(x).all():
+        raise StoreError(f"{what} contain NaN or infinite values")
+    return x
+
+
+def check_unit(x: np.ndarray) -> None:
+    """Scores are cosines only for unit vectors; refuse others rather than rank wrongly."""
+    if len(x) == 0:
+        return
+    norms = np.linalg.norm(x, axis=1)
+    worst = float(np.abs(norms - 1.0).max())
+    if worst > UNIT_NORM_TOLERANCE:
+        raise StoreError(
+            f"vectors must be L2-normalised; norms range from {norms.min():.4g} to "
+            f"{norms.max():.4g}"
+        )
+
+
+def text_column(values: Sequence[Any] | None, n: int, name: str) -> list[str | None]:
+    """An optional per-item text column (labels, paths): None, or n values (str() each)."""
+    if values is None:
+        return [None] * n
+    if isinstance(values, str) or len(values) != n:
+        raise StoreError(f"{name} must be a sequence with one entry per key ({n})")
+    return [None if v is None else str(v) for v in values]
+
+
+def metadata_column(values: Sequence[Any] | None, n: int) -> list[str]:
+    if values is None:
+        return ["{}"] * n
+    if len(values) != n:
+        raise StoreError(f"metadata must be a sequence with one dict per key ({n})")
+    encoded = []
+    for value in values:
+        if value is not None and not isinstance(value, dict):
+            raise StoreError(f"metadata entries must be dicts, got {type(value).__name__}")
+        try:
+            encoded.append(json.dumps(value or {}, sort_keys=True, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"metadata must be JSON-serialisable: {exc}") from None
+    return encoded
+
+
+def check_keys(keys: Sequence[str]) -> list[str]:
+    if isinstance(keys, str):
+        raise StoreError("keys must be a sequence of strings, not one string")
+    keys = list(keys)
+    if not all(isinstance(key, str) and key for key in keys):
+        raise StoreError("keys must be non-empty strings")
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        dup = next(key for key in keys if key in seen or seen.add(key))
+        raise StoreError(f"duplicate key {dup!r} within one add() call")
+    return keys

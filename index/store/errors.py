@@ -1,0 +1,35 @@
+"""The one exception the index store raises, and a helper that turns FAISS errors into it."""
+
+from __future__ import annotations
+
+import re
+
+
+class StoreError(RuntimeError):
+    """Every user-facing failure of the index store, as one clear sentence.
+
+    Callers (the CLI, the service) catch this one type and show its message; anything
+    else escaping the store is a bug.
+    """
+
+
+_FAISS_LOCATION = re.compile(r" at \S+:\d+: (.*)", re.S)
+_FAISS_ASSERT = re.compile(r"Error: '.*?' failed: (.*)", re.S)
+
+
+def faiss_reason(exc: BaseException) -> str:
+    """The human part of a FAISS C++ exception message, without file names and line numbers.
+
+    FAISS reports e.g. "Error in void faiss::Clustering::train_encoded(...) at
+    /project/faiss/Clustering.cpp:66: Error: 'nx >= k' failed: Number of training points
+    (5) should be at least as large as number of clusters (16)"; users need only the last
+    clause.
+    """
+    text = str(exc).strip()
+    located = _FAISS_LOCATION.search(text)
+    if located:
+        text = located.group(1)
+    asserted = _FAISS_ASSERT.match(text)
+    if asserted:
+        text = asserted.group(1)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

@@ -1,0 +1,306 @@
+"""manifest.json: the commit point of an index directory, and the checks made against it.
+
+The manifest names every file of the committed generation with its sha256 and size;
+a file is trusted only after it matches both. Writing the manifest (atomically) is
+what commits a generation, so anything not named in it is either an older
+generation or the debris of an interrupted save, and is never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write_text
+from .errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.onnx"
+METRIC = "inner_product"
+LOCK_FILE = ".lock"
+_CHUNK = 1 << 20
+
+# Every name the store ever writes; only these are checked, read or cleaned up, so
+# anything else a user keeps in the folder is left alone.
+_STORE_FILE = re.compile(r"(index\.\d+\.faiss|items\.\d+\.sqlite|model(\.\d+)?\.onnx)")
+_TEMP_FILE = re.compile(r"\.(manifest\.json|" + _STORE_FILE.pattern + r")\..+\.tmp")
+
+
+def index_file(generation: int) -> str:
+    return f"index.{generation}.faiss"
+
+
+def items_file(generation: int) -> str:
+    return f"items.{generation}.sqlite"
+
+
+def model_file(generation: int) -> str:
+    """Name for a model copy that must not overwrite a committed model.onnx (see save)."""
+    return f"model.{generation}.onnx"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """Checksum and size of one file of a generation."""
+
+    sha256: str
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """The model the vectors came from: its fingerprint, and the copy kept beside them.
+
+    `file` is None when the store was created from a fingerprint alone (no model file).
+    """
+
+    fingerprint: str | None
+    file: str | None = None
+    checksum: FileEntry | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "fingerprint": self.fingerprint,
+            "sha256": self.checksum.sha256 if self.checksum else None,
+            "bytes": self.checksum.bytes if self.checksum else None,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One committed generation, exactly as manifest.json states it."""
+
+    generation: int
+    dim: int
+    factory: str
+    count: int
+    files: dict[str, FileEntry]
+    model: ModelEntry | None
+    created: str
+    updated: str
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.model.fingerprint if self.model else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "generation": self.generation,
+            "model": self.model.to_json() if self.model else None,
+            "dim": self.dim,
+            "metric": METRIC,
+            "factory": self.factory,
+            "count": self.count,
+            "files": {name: entry.to_json() for name, entry in self.files.items()},
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+
+def sha256_file(path: Path) -> FileEntry:
+    """Checksum a file by streaming it (model files can be hundreds of MB)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return FileEntry(digest.hexdigest(), size)
+
+
+def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise StoreError(f"{where} is invalid: field {key!r} is missing or malformed")
+    return value
+
+
+def _parse_entry(raw: Any, name: str, where: Path) -> FileEntry:
+    if not (
+        isinstance(raw, dict)
+        and isinstance(raw.get("sha256"), str)
+        and isinstance(raw.get("bytes"), int)
+    ):
+        raise StoreError(f"{where} is invalid: no checksum for {name}")
+    return FileEntry(raw["sha256"], raw["bytes"])
+
+
+def _parse_model(raw: Any, where: Path) -> ModelEntry | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise StoreError(f"{where} is invalid: field 'model' is malformed")
+    name = raw.get("file")
+    if name is None:
+        return ModelEntry(fingerprint=raw.get("fingerprint"))
+    if not (isinstance(name, str) and _STORE_FILE.fullmatch(name) and name.endswith(".onnx")):
+        raise StoreError(f"{where} is invalid: unexpected model file name {name!r}")
+    return ModelEntry(raw.get("fingerprint"), name, _parse_entry(raw, name, where))
+
+
+def parse_manifest(data: Any, where: Path) -> Manifest:
+    """Validate the JSON of a manifest; StoreError names the first problem found."""
+    if not isinstance(data, dict):
+        raise StoreError(f"{where} is invalid: not a JSON object")
+    version = _require(data, "format_version", int, where)
+    if version > FORMAT_VERSION:
+        raise StoreError(
+            f"{where} has format_version {version}, newer than this vitrieval reads "
+            f"({FORMAT_VERSION}); upgrade vitrieval"
+        )
+    if data.get("metric") != METRIC:
+        raise StoreError(f"{where} has metric {data.get('metric')!r}; only {METRIC!r} is known")
+    generation = _require(data, "generation", int, where)
+    raw_files = _require(data, "files", dict, where)
+    files = {}
+    for name, raw in raw_files.items():
+        if not _STORE_FILE.fullmatch(name):
+            raise StoreError(f"{where} is invalid: unexpected file name {name!r}")
+        files[name] = _parse_entry(raw, name, where)
+    for name in (index_file(generation), items_file(generation)):
+        if name not in files:
+            raise StoreError(f"{where} is invalid: it does not list {name}")
+    return Manifest(
+        generation=generation,
+        dim=_require(data, "dim", int, where),
+        factory=_require(data, "factory", str, where),
+        count=_require(data, "count", int, where),
+        files=files,
+        model=_parse_model(data.get("model"), where),
+        created=str(data.get("created", "")),
+        updated=str(data.get("updated", "")),
+    )
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """Load and validate DIR/manifest.json; a missing or unreadable one is a StoreError."""
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise StoreError(f"no index at {directory}: the folder does not exist")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise StoreError(f"no index at {directory}: {MANIFEST} not found") from None
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise StoreError(f"{path} is not valid JSON (damaged or not an index manifest)") from None
+    return parse_manifest(data, path)
+
+
+def committed_generation(directory: Path) -> int | None:
+    """The generation on disk now, or None when there is no readable manifest.
+
+    Lenient on purpose: used only to detect another writer, never to load.
+    """
+    try:
+        return read_manifest(directory).generation
+    except StoreError:
+        return None
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Commit `manifest` (atomic replace + fsync): from here on this generation is the index."""
+    atomic_write_text(directory / MANIFEST, json.dumps(manifest.to_json(), indent=2) + "\n")
+
+
+def _check_size_and_sum(path: Path, expected: FileEntry, actual: FileEntry) -> None:
+    if actual.bytes != expected.bytes:
+        raise StoreError(
+            f"checksum mismatch in {path}: {actual.bytes} bytes, the manifest says "
+            f"{expected.bytes} (truncated or altered); refusing to load it"
+        )
+    if actual.sha256 != expected.sha256:
+        raise StoreError(
+            f"checksum mismatch in {path}: its sha256 differs from the manifest's "
+            "(the file was altered or damaged); refusing to load it"
+        )
+
+
+def read_verified(directory: Path, name: str, expected: FileEntry) -> bytes:
+    """The bytes of DIR/name, only if they match the manifest's size and sha256.
+
+    The caller deserialises exactly these bytes, so nothing can change the file
+    between the check and the use.
+    """
+    path = directory / name
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise StoreError(f"{path} is missing; the index is incomplete") from None
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+    _check_size_and_sum(path, expected, FileEntry(hashlib.sha256(data).hexdigest(), len(data)))
+    return data
+
+
+def verify_file(directory: Path, name: str, expected: FileEntry) -> Path:
+    """Check DIR/name against the manifest by streaming it (for files not loaded here)."""
+    path = directory / name
+    try:
+        actual = sha256_file(path)
+    except FileNotFoundError:
+        raise StoreError(f"{path} is missing; the index is incomplete") from None
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+    _check_size_and_sum(path, expected, actual)
+    return path
+
+
+def remove_stale(directory: Path, keep: set[str]) -> list[str]:
+    """Delete store files not in `keep` (older generations, interrupted saves' temp files).
+
+    Runs after a commit; a failure here only leaves debris for the next save, so it is
+    logged, not raised.
+    """
+    removed = []
+    for entry in directory.iterdir():
+        name = entry.name
+        if name in keep or not (_STORE_FILE.fullmatch(name) or _TEMP_FILE.fullmatch(name)):
+            continue
+        try:
+            entry.unlink()
+            removed.append(name)
+        except OSError as exc:
+            logger.warning("could not remove stale index file %s: %s", entry, exc)
+    return removed
+
+
+@contextlib.contextmanager
+def writer_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on DIR/.lock for one save.
+
+    Two processes saving into one folder would otherwise race on the generation
+    number; the kernel drops the lock if the holder dies, so a crash never leaves
+    the folder locked.
+    """
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

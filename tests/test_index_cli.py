@@ -1,0 +1,189 @@
+"""`vitrieval-index` end to end: build, resume, search, info, remove, bench, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index.cli import main
+from index.datasets import load_dataset
+
+
+@pytest.fixture(scope="module")
+def photo_folder(tmp_path_factory) -> Path:
+    """38 real digit images in 4 class folders plus 2 corrupt files (5%)."""
+    root = tmp_path_factory.mktemp("catalogue")
+    items = [item for item in load_dataset("digits").train if item.label in {"0", "1", "2", "3"}]
+    for item in items[:38]:
+        folder = root / f"class_{item.label}"
+        folder.mkdir(exist_ok=True)
+        item.open().save(folder / f"{item.key.replace('/', '_')}.png")
+    (root / "class_0" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    (root / "class_1" / "notes.jpg").write_text("this is not an image")
+    return root
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_build_search_info_remove(tmp_path, capsys, photo_folder, tiny_onnx):
+    index = tmp_path / "index"
+    code, out, _ = run(
+        capsys,
+        "build",
+        "--model",
+        tiny_onnx,
+        "--images",
+        photo_folder,
+        "--out",
+        index,
+        "--labels-from-folders",
+    )
+    assert code == 0
+    assert "indexed 38 of 40 images" in out and "2 unreadable" in out
+    report = json.loads((index / "build_report.json").read_text())
+    assert sorted(Path(f["key"]).name for f in report["failed"]) == ["broken.png", "notes.jpg"]
+
+    # re-running skips what is there
+    code, out, _ = run(
+        capsys,
+        "build",
+        "--model",
+        tiny_onnx,
+        "--images",
+        photo_folder,
+        "--out",
+        index,
+        "--labels-from-folders",
+    )
+    assert code == 0 and "indexed 0 of 40" in out and "38 already present" in out
+
+    code, out, _ = run(capsys, "info", index, "--json")
+    info = json.loads(out)
+    assert code == 0 and info["count"] == 38 and info["dim"] == 128
+
+    # every indexed image finds itself first (Flat, exact)
+    queries = sorted(photo_folder.glob("class_*/*.png"))
+    queries = [q for q in queries if q.name != "broken.png"][:6]
+    code, out, _ = run(capsys, "search", index, *queries, "-k", "3", "--json")
+    assert code == 0
+    for query, result in zip(queries, json.loads(out), strict=True):
+        top = result["hits"][0]
+        assert top["key"] == query.relative_to(photo_folder).as_posix()
+        assert top["score"] == pytest.approx(1.0, abs=1e-5)
+        assert top["label"] == query.parent.name
+        assert len(result["hits"]) == 3
+
+    victim = queries[0].relative_to(photo_folder).as_posix()
+    code, out, _ = run(capsys, "remove", index, victim)
+    assert code == 0 and "removed 1 of 1" in out
+    code, out, _ = run(capsys, "search", index, queries[0], "-k", "5", "--json")
+    assert victim not in [h["key"] for h in json.loads(out)[0]["hits"]]
+
+
+def test_csv_build_and_model_override(tmp_path, capsys, photo_folder, tiny_onnx, tiny_onnx_other):
+    listing = tmp_path / "list.csv"
+    with open(listing, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "label"])
+        for path in sorted(photo_folder.glob("class_*/*.png"))[:10]:
+            writer.writerow([path, path.parent.name])
+    index = tmp_path / "index"
+    code, _, err = run(capsys, "build", "--model", tiny_onnx, "--images", listing, "--out", index)
+    assert code == 0, err
+    query = sorted(photo_folder.glob("class_*/*.png"))[0]
+    code, _, err = run(capsys, "search", index, query, "--model", tiny_onnx_other)
+    assert code == 2 and "fingerprint" in err and err.count("\n") == 1
+    code, _, err = run(
+        capsys, "build", "--model", tiny_onnx_other, "--images", listing, "--out", index
+    )
+    assert code == 2 and "Traceback" not in err
+
+
+def test_corrupt_index_is_refused(tmp_path, capsys, photo_folder, tiny_onnx):
+    index = tmp_path / "index"
+    assert (
+        run(capsys, "build", "--model", tiny_onnx, "--images", photo_folder, "--out", index)[0] == 0
+    )
+    faiss_file = next(index.glob("*.faiss"))
+    data = bytearray(faiss_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    faiss_file.write_bytes(bytes(data))
+    code, _, err = run(capsys, "info", index)
+    assert code == 2 and "checksum" in err and "Traceback" not in err
+
+
+def test_bench_with_csv_gallery(tmp_path, capsys, photo_folder, tiny_onnx):
+    gallery = tmp_path / "gallery.csv"
+    with open(gallery, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "label"])
+        for path in sorted(photo_folder.glob("class_*/*.png")):
+            writer.writerow([path, path.parent.name])
+    out = tmp_path / "report"
+    code, _, err = run(capsys, "bench", "--model", tiny_onnx, "--gallery", gallery, "--out", out)
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    for key in (
+        "recall@1",
+        "recall@8",
+        "map",
+        "map_at_r",
+        "r_precision",
+        "n_queries",
+        "n_dropped",
+        "embed_images_per_s",
+        "search_qps",
+        "index_bytes",
+    ):
+        assert key in report
+    # 39 PNG files listed, broken.png among them: 38 embedded
+    assert report["n_queries"] + report["n_dropped"] == report["n_gallery"] == 38
+    assert report["unreadable_images"] == 1
+    assert 0.0 <= report["map"] <= report["recall@1"] <= 1.0
+    assert (out / "report.md").read_text().startswith("| metric | value |")
+
+
+def test_bench_ivf_reports_fidelity(tmp_path, capsys, tiny_onnx):
+    out = tmp_path / "report"
+    code, _, err = run(
+        capsys,
+        "bench",
+        "--model",
+        tiny_onnx,
+        "--dataset",
+        "digits",
+        "--factory",
+        "IVF4,Flat",
+        "--out",
+        out,
+    )
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["n_gallery"] == 539 and report["protocol"] == "leave-one-out"
+    assert 0.0 < report["recall@10_vs_exact"] <= 1.0
+    vectors_ok = np.isfinite([report["recall@1"], report["map"]]).all()
+    assert vectors_ok
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["info", "/nonexistent/index"], "/nonexistent/index"),
+        (
+            ["build", "--images", "/nonexistent/photos", "--out", "X", "--model", "M.onnx"],
+            "not found",
+        ),
+        (["search", "/nonexistent/index", "q.jpg"], "/nonexistent/index"),
+    ],
+)
+def test_user_errors_one_line(capsys, argv, needle):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err

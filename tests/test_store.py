@@ -1,0 +1,637 @@
+"""Tests for index.store: round trips, exactness against numpy, filters, removal and
+tombstones, model fingerprints, checksum verification, crash safety under SIGKILL,
+input errors and the (simulated) GPU path."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from index.model_metadata import read_model_metadata
+from index.store import Hit, IndexStore, StoreError, suggest_factory
+from index.store.vectors import VectorIndex
+
+REPO = Path(__file__).resolve().parents[1]
+DIM = 128
+STEP = 2.0**-11
+
+
+def unit_vectors(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    """(n, dim) float32 random unit vectors."""
+    x = rng.standard_normal((n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def exact_vectors(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    """Unit vectors (norm error ~1e-4) whose coordinates are multiples of 2**-11.
+
+    Every dot product is then exact in float32 and float64 whatever the summation
+    order, so FAISS scores equal the numpy reference bit for bit and exact ties stay
+    ties (see tests/test_metrics.py).
+    """
+    return (np.round(unit_vectors(rng, n, dim) / STEP) * STEP).astype(np.float32)
+
+
+def with_duplicates(x: np.ndarray, copies: int = 4, originals: int = 10) -> np.ndarray:
+    """`x` with `copies` extra copies of its first `originals` rows, interleaved at the end:
+    exactly tied scores for the tie rule."""
+    return np.concatenate([x, np.repeat(x[:originals], copies, axis=0)])
+
+
+def brute_force(
+    queries: np.ndarray, vectors: np.ndarray, k: int, allowed: np.ndarray | None = None
+) -> list[list[tuple[int, float]]]:
+    """Reference top-k as (row, score): descending float64 score, ties by ascending row."""
+    scores = queries.astype(np.float64) @ vectors.astype(np.float64).T
+    rows = np.arange(len(vectors)) if allowed is None else np.flatnonzero(allowed)
+    result = []
+    for row_scores in scores:
+        s = row_scores[rows]
+        order = np.lexsort((rows, -s))[:k]
+        result.append([(int(rows[i]), float(s[i])) for i in order])
+    return result
+
+
+def as_pairs(hits: list[list[Hit]]) -> list[list[tuple[int, float]]]:
+    """Hits of stores whose keys are str(row) as (row, score) lists."""
+    return [[(int(h.key), h.score) for h in row] for row in hits]
+
+
+def build(
+    directory: Path,
+    x: np.ndarray,
+    factory: str = "Flat",
+    labels: list[str] | None = None,
+    **kwargs,
+) -> IndexStore:
+    """A store over `x` with keys str(row), trained on `x` when the factory needs it."""
+    store = IndexStore.create(directory, dim=x.shape[1], factory=factory, **kwargs)
+    if store.needs_training():
+        store.train(x)
+    store.add([str(i) for i in range(len(x))], x, labels=labels)
+    return store
+
+
+# -- round trips and exactness ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "HNSW16", "IVF16,PQ16"])
+def test_round_trip_is_bit_identical(tmp_path: Path, factory: str) -> None:
+    rng = np.random.default_rng(1)
+    x = unit_vectors(rng, 500)
+    queries = unit_vectors(rng, 40)
+    labels = [f"c{i % 7}" for i in range(500)]
+    metadata = [{"i": i, "tags": ["a", str(i % 3)]} for i in range(500)]
+    store = IndexStore.create(tmp_path / "idx", dim=DIM, factory=factory)
+    if store.needs_training():
+        store.train(x)
+    keys = [f"item-{i}" for i in range(500)]
+    store.add(keys, x, labels=labels, paths=[f"img/{i}.jpg" for i in range(500)], metadata=metadata)
+    store.remove(keys[:25])  # tombstones for HNSW (below the auto-compact share)
+    before = store.search(queries, 10)
+    before_label = store.search(queries, 10, label="c3")
+    store.save()
+    assert not (tmp_path / "idx" / "model.onnx").exists()
+
+    loaded = IndexStore.open(tmp_path / "idx", dim=DIM)
+    assert loaded.search(queries, 10) == before  # keys, scores (exact floats) and metadata
+    assert loaded.search(queries, 10, label="c3") == before_label
+    assert len(loaded) == 475 and loaded.keys() == keys[25:] and loaded.factory == factory
+    assert "item-0" not in loaded and "item-25" in loaded
+    record = loaded.get("item-42")
+    assert record is not None and record.vector.dtype == np.float32
+    assert np.array_equal(record.vector, x[42])
+    assert (record.label, record.path, record.metadata) == ("c0", "img/42.jpg", metadata[42])
+    assert loaded.get("item-3") is None
+    hit = before[0][0]
+    assert isinstance(hit.score, float) and hit.metadata == metadata[int(hit.key[5:])]
+
+
+def test_flat_finds_every_item_first(tmp_path: Path) -> None:
+    x = unit_vectors(np.random.default_rng(2), 500)
+    build(tmp_path / "idx", x).save()
+    hits = IndexStore.open(tmp_path / "idx").search(x, 1)
+    assert [row[0].key for row in hits] == [str(i) for i in range(500)]
+    assert all(abs(row[0].score - 1.0) < 1e-5 for row in hits)
+
+
+def test_flat_equals_brute_force_with_ties(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    x = with_duplicates(exact_vectors(rng, 300))
+    # queries that tie (copies of duplicated rows) and ordinary ones
+    queries = np.concatenate([x[:10], exact_vectors(rng, 30)])
+    store = build(tmp_path / "idx", x)
+    for k in (1, 3, 7, 20):
+        assert as_pairs(store.search(queries, k)) == brute_force(queries, x, k)
+    # a query equal to a duplicated row: its 5 copies tie at the top, in insertion order
+    top = as_pairs(store.search(x[:1], 5))[0]
+    assert [row for row, _ in top] == [0, 300, 301, 302, 303]
+
+
+def test_ivf_full_probe_equals_brute_force(tmp_path: Path) -> None:
+    # nprobe = nlist scans every inverted list, so IVF-Flat search is exact
+    rng = np.random.default_rng(4)
+    x = with_duplicates(exact_vectors(rng, 1000))
+    queries = np.concatenate([x[:5], exact_vectors(rng, 30)])
+    store = build(tmp_path / "idx", x, factory="IVF32,Flat")
+    assert store.info()["search_params"] == {"nprobe": 8, "nlist": 32}  # default nlist/16, >= 8
+    store.set_search_params(nprobe=32)
+    assert as_pairs(store.search(queries, 10)) == brute_force(queries, x, 10)
+    store.save()
+    reopened = IndexStore.open(tmp_path / "idx")
+    assert reopened.info()["search_params"]["nprobe"] == 32  # saved inside the FAISS file
+
+
+def test_hnsw_recall_at_10(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    x, queries = unit_vectors(rng, 2000, 64), unit_vectors(rng, 200, 64)
+    store = build(tmp_path / "idx", x, factory="HNSW32")  # default efSearch 64
+    found = as_pairs(store.search(queries, 10))
+    truth = brute_force(queries, x, 10)
+    recall = np.mean([len({r for r, _ in f} & {r for r, _ in t}) / 10 for f, t in zip(found, truth)])
+    assert recall >= 0.95
+
+
+# -- label filter and exclusions -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW32"])
+def test_label_filter_equals_brute_force_on_subset(tmp_path: Path, factory: str) -> None:
+    rng = np.random.default_rng(6)
+    x = with_duplicates(exact_vectors(rng, 400))
+    labels = [("rare" if i % 40 == 0 else f"c{i % 3}") for i in range(len(x))]
+    queries = exact_vectors(rng, 25)
+    store = build(tmp_path / "idx", x, factory=factory, labels=labels)
+    if factory.startswith("HNSW"):
+        store.set_search_params(ef_search=len(x))  # exhaustive graph walk: exact results
+    for label in ("c1", "rare"):
+        hits = store.search(queries, 10, label=label)
+        assert all(h.label == label for row in hits for h in row)
+        allowed = np.array([lab == label for lab in labels])
+        assert as_pairs(hits) == brute_force(queries, x, 10, allowed)
+    assert store.search(queries, 10, label="no-such-label") == [[] for _ in range(25)]
+
+
+def test_label_filter_without_selector_support(tmp_path: Path) -> None:
+    # IndexPQ rejects IDSelectors: the store over-fetches and post-filters instead
+    rng = np.random.default_rng(7)
+    x = unit_vectors(rng, 600, 32)
+    labels = [f"c{i % 5}" for i in range(600)]
+    store = build(tmp_path / "idx", x, factory="PQ8", labels=labels)
+    queries = unit_vectors(rng, 20, 32)
+    everything = store.search(queries, 600)  # the index's own full ranking
+    filtered = store.search(queries, 10, label="c2")
+    for full_row, row in zip(everything, filtered, strict=True):
+        assert row == [h for h in full_row if h.label == "c2"][:10]
+    assert store._vectors.selector_works() is False
+
+
+def test_exclude_keys_and_small_stores(tmp_path: Path) -> None:
+    x = unit_vectors(np.random.default_rng(8), 6)
+    store = build(tmp_path / "idx", x)
+    hits = store.search(x[:2], 10, exclude_keys=["0", "1", "unknown"])
+    assert [len(row) for row in hits] == [4, 4]  # fewer than k: only 4 items remain
+    assert all(h.key not in {"0", "1"} for row in hits for h in row)
+    empty = IndexStore.create(tmp_path / "empty", dim=DIM)
+    assert empty.search(x[:3], 5) == [[], [], []]
+    empty.save()
+    assert len(IndexStore.open(tmp_path / "empty")) == 0
+
+
+# -- removal, tombstones, compaction ----------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "HNSW16"])
+def test_remove_survives_save_and_compact_equals_fresh_build(tmp_path: Path, factory: str) -> None:
+    rng = np.random.default_rng(9)
+    x = exact_vectors(rng, 300)
+    queries = exact_vectors(rng, 30)
+    store = build(tmp_path / "idx", x, factory=factory)
+    store.set_search_params(**({"ef_search": 512} if "HNSW" in factory else {}))
+    if "IVF" in factory:
+        store.set_search_params(nprobe=16)
+    removed = [str(i) for i in range(0, 300, 20)]  # 15 items: 5%, below auto-compaction
+    assert store.remove([*removed, "unknown", removed[0]]) == 15
+    assert store.remove(removed) == 0
+    assert len(store) == 285 and all(key not in store for key in removed)
+    tombstones = 15 if factory == "HNSW16" else 0
+    assert store.info()["deleted"] == tombstones
+    hits = store.search(queries, 285)
+    assert all(len(row) == 285 and not {h.key for h in row} & set(removed) for row in hits)
+    store.save()
+    reopened = IndexStore.open(tmp_path / "idx")
+    assert len(reopened) == 285 and reopened.info()["deleted"] == tombstones
+    assert reopened.search(queries, 10) == store.search(queries, 10)
+
+    keep = np.array([str(i) not in removed for i in range(300)])
+    fresh = IndexStore.create(tmp_path / "fresh", dim=DIM, factory=factory)
+    if fresh.needs_training():
+        fresh.train(x)
+    fresh.add([str(i) for i in np.flatnonzero(keep)], x[keep])
+    fresh.set_search_params(**({"ef_search": 512} if "HNSW" in factory else {}))
+    if "IVF" in factory:
+        fresh.set_search_params(nprobe=16)
+    reopened.compact()
+    assert reopened.info()["deleted"] == 0 and reopened._vectors.ntotal == 285
+    assert reopened.search(queries, 10) == fresh.search(queries, 10)
+    assert as_pairs(reopened.search(queries, 10)) == brute_force(queries, x, 10, keep)
+
+
+def test_save_auto_compacts_above_a_fifth_tombstones(tmp_path: Path) -> None:
+    x = unit_vectors(np.random.default_rng(10), 100)
+    store = build(tmp_path / "idx", x, factory="HNSW16")
+    store.remove([str(i) for i in range(20)])  # 20 of 100: not above 20%
+    store.save()
+    assert store.info()["deleted"] == 20
+    store.remove(["20"])  # 21 of 100
+    store.save()
+    assert store.info()["deleted"] == 0 and store._vectors.ntotal == 79
+    assert IndexStore.open(tmp_path / "idx").info()["deleted"] == 0
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16"])
+def test_replace_existing_keys(tmp_path: Path, factory: str) -> None:
+    rng = np.random.default_rng(11)
+    x = unit_vectors(rng, 50)
+    store = build(tmp_path / "idx", x, factory=factory)
+    new = unit_vectors(rng, 2)
+    with pytest.raises(StoreError, match="already in the index.*replace=True"):
+        store.add(["3", "new"], new)
+    assert len(store) == 50 and "new" not in store  # nothing half-added
+    store.add(["3", "new"], new, labels=["x", "y"], replace=True)
+    assert len(store) == 51 and np.array_equal(store.get("3").vector, new[0])
+    assert store.search(new[:1], 1)[0][0].key == "3"
+    assert all(h.key != "3" for h in store.search(x[3:4], 51)[0][1:])  # old vector gone
+    store.save()
+    assert IndexStore.open(tmp_path / "idx").get("3").label == "x"
+
+
+# -- model copy, fingerprint and dimension checks ---------------------------------------------
+
+
+def test_fingerprint_and_dim_mismatch_refused(tmp_path: Path) -> None:
+    x = unit_vectors(np.random.default_rng(12), 10, 8)
+    build(tmp_path / "idx", x, fingerprint="abc123").save()
+    assert IndexStore.open(tmp_path / "idx", fingerprint="abc123", dim=8).fingerprint == "abc123"
+    with pytest.raises(StoreError, match="abc123.*def456"):
+        IndexStore.open(tmp_path / "idx", fingerprint="def456")
+    with pytest.raises(StoreError, match=r"8-d.*16-d"):
+        IndexStore.open(tmp_path / "idx", dim=16)
+    build(tmp_path / "anon", x).save()
+    with pytest.raises(StoreError, match="unrecorded model"):
+        IndexStore.open(tmp_path / "anon", fingerprint="abc123")
+
+
+def test_model_copy_is_kept_and_verified(
+    tmp_path: Path, tiny_onnx: Path, tiny_onnx_other: Path
+) -> None:
+    ours = read_model_metadata(tiny_onnx).fingerprint
+    theirs = read_model_metadata(tiny_onnx_other).fingerprint
+    x = unit_vectors(np.random.default_rng(13), 20)
+    with pytest.raises(StoreError, match="fingerprint"):
+        IndexStore.create(tmp_path / "a", dim=DIM, model_path=tiny_onnx, fingerprint=theirs)
+    with pytest.raises(StoreError, match="128-d vectors, not 64-d"):
+        IndexStore.create(tmp_path / "a", dim=64, model_path=tiny_onnx)
+    store = build(tmp_path / "idx", x, model_path=tiny_onnx)
+    assert store.fingerprint == ours and store.model_path is None  # not copied before save
+    store.save()
+    copy = tmp_path / "idx" / "model.onnx"
+    assert store.model_path == copy and copy.read_bytes() == tiny_onnx.read_bytes()
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    assert manifest["model"]["file"] == "model.onnx" and manifest["model"]["fingerprint"] == ours
+
+    opened = IndexStore.open(tmp_path / "idx", fingerprint=ours)
+    assert opened.model_path == copy and read_model_metadata(copy).fingerprint == ours
+    with pytest.raises(StoreError, match=f"{ours}.*{theirs}"):
+        IndexStore.open(tmp_path / "idx", fingerprint=theirs)
+    flip_byte(copy, copy.stat().st_size // 2)
+    with pytest.raises(StoreError, match="checksum mismatch.*model.onnx"):
+        IndexStore.open(tmp_path / "idx")
+
+
+def test_overwrite_with_another_model(tmp_path: Path, tiny_onnx: Path, tiny_onnx_other: Path) -> None:
+    x = unit_vectors(np.random.default_rng(14), 20)
+    build(tmp_path / "idx", x, model_path=tiny_onnx).save()
+    with pytest.raises(StoreError, match="not empty"):
+        IndexStore.create(tmp_path / "idx", dim=DIM)
+    other = build(tmp_path / "idx", x[:5], model_path=tiny_onnx_other, overwrite=True)
+    other.save()
+    reopened = IndexStore.open(tmp_path / "idx")
+    assert len(reopened) == 5
+    assert reopened.fingerprint == read_model_metadata(tiny_onnx_other).fingerprint
+    assert reopened.model_path.read_bytes() == tiny_onnx_other.read_bytes()
+    names = sorted(p.name for p in (tmp_path / "idx").iterdir())
+    assert names == [".lock", "index.2.faiss", "items.2.sqlite", "manifest.json", "model.2.onnx"]
+
+
+# -- damaged files ---------------------------------------------------------------------------
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def saved_index(tmp_path: Path) -> Path:
+    x = unit_vectors(np.random.default_rng(15), 200)
+    build(tmp_path / "idx", x, labels=["a"] * 200).save()
+    return tmp_path / "idx"
+
+
+@pytest.mark.parametrize("name", ["index.1.faiss", "items.1.sqlite"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "missing"])
+def test_damaged_files_are_refused(saved_index: Path, name: str, damage: str) -> None:
+    path = saved_index / name
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size - 100])
+    elif damage == "flip":
+        flip_byte(path, path.stat().st_size // 2)
+    else:
+        path.unlink()
+    expected = "missing" if damage == "missing" else "checksum mismatch"
+    with pytest.raises(StoreError, match=f"{expected}.*{name}|{name}.*{expected}"):
+        IndexStore.open(saved_index)
+
+
+def test_missing_or_bad_manifest_is_refused(saved_index: Path, tmp_path: Path) -> None:
+    manifest = saved_index / "manifest.json"
+    text = manifest.read_text()
+    manifest.write_text(text[: len(text) // 2])
+    with pytest.raises(StoreError, match="not valid JSON"):
+        IndexStore.open(saved_index)
+    data = json.loads(text)
+    data["files"]["../outside.faiss"] = {"sha256": "0", "bytes": 1}
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(StoreError, match="unexpected file name"):
+        IndexStore.open(saved_index)
+    manifest.unlink()
+    with pytest.raises(StoreError, match="manifest.json not found"):
+        IndexStore.open(saved_index)
+    with pytest.raises(StoreError, match="does not exist"):
+        IndexStore.open(tmp_path / "nowhere")
+
+
+def test_unreadable_file_with_matching_checksum_is_refused(saved_index: Path) -> None:
+    # a file that passes its checksum but is not a FAISS index (e.g. a buggy writer)
+    garbage = b"this is not a faiss index" * 10
+    (saved_index / "index.1.faiss").write_bytes(garbage)
+    data = json.loads((saved_index / "manifest.json").read_text())
+    import hashlib
+
+    data["files"]["index.1.faiss"] = {"sha256": hashlib.sha256(garbage).hexdigest(), "bytes": 250}
+    (saved_index / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(StoreError, match="not a readable FAISS index"):
+        IndexStore.open(saved_index)
+
+
+def test_debris_is_ignored_on_load_and_cleaned_on_save(saved_index: Path) -> None:
+    debris = [".index.2.faiss.x1y2.tmp", ".manifest.json.abc.tmp", "index.2.faiss", "items.0.sqlite"]
+    for name in debris:
+        (saved_index / name).write_bytes(b"half-written")
+    (saved_index / "notes.txt").write_text("the user's own file")
+    store = IndexStore.open(saved_index)
+    assert len(store) == 200
+    store.remove(["0"])
+    store.save()
+    names = sorted(p.name for p in saved_index.iterdir())
+    assert names == [".lock", "index.2.faiss", "items.2.sqlite", "manifest.json", "notes.txt"]
+    assert len(IndexStore.open(saved_index)) == 199
+
+
+def test_second_writer_is_refused(saved_index: Path) -> None:
+    first, second = IndexStore.open(saved_index), IndexStore.open(saved_index)
+    first.remove(["1"])
+    first.save()
+    second.remove(["2"])
+    with pytest.raises(StoreError, match="another writer"):
+        second.save()
+    assert "2" in IndexStore.open(saved_index)
+
+
+# -- crash safety ------------------------------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from index.store import IndexStore
+
+    directory, factory = sys.argv[1], sys.argv[2]
+    DIM, BATCH, WINDOW = 16, 64, 3
+
+    def batch(gen):
+        x = np.random.default_rng(gen).standard_normal((BATCH, DIM))
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    if os.path.exists(os.path.join(directory, "manifest.json")):
+        store = IndexStore.open(directory)
+    else:
+        store = IndexStore.create(directory, dim=DIM, factory=factory)
+    print("ready", flush=True)
+    while True:
+        # generation g holds batches max(1, g - 2) .. g
+        gen = (store.info()["generation"] or 0) + 1
+        store.add([f"g{gen}-{i}" for i in range(BATCH)], batch(gen), labels=[str(gen)] * BATCH)
+        store.remove([f"g{gen - WINDOW}-{i}" for i in range(BATCH)])
+        store.save()
+        print(gen, flush=True)
+    """
+)
+CRASH_BATCH, CRASH_WINDOW = 64, 3
+
+
+def expected_batch(gen: int) -> np.ndarray:
+    x = np.random.default_rng(gen).standard_normal((CRASH_BATCH, 16))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def check_committed_state(directory: Path, last_reported: int) -> tuple[int, bool]:
+    """Open after a kill; the state must be exactly generation last_reported or the one
+    after (saved, but killed before it could report). Returns (generation, debris seen)."""
+    listed = json.loads((directory / "manifest.json").read_text())
+    store = IndexStore.open(directory)
+    gen = store.info()["generation"]
+    assert gen in (last_reported, last_reported + 1)
+    batches = range(max(1, gen - CRASH_WINDOW + 1), gen + 1)
+    expected_keys = [f"g{b}-{i}" for b in batches for i in range(CRASH_BATCH)]
+    assert store.keys() == expected_keys and len(store) == len(expected_keys)
+    for b in batches:
+        vectors = expected_batch(b)
+        for i in (0, CRASH_BATCH - 1):
+            assert np.array_equal(store.get(f"g{b}-{i}").vector, vectors[i])
+        top = store.search(vectors, 1, label=str(b))
+        assert [row[0].key for row in top] == [f"g{b}-{i}" for i in range(CRASH_BATCH)]
+    known = {"manifest.json", ".lock", *listed["files"]}
+    debris = any(p.name not in known for p in directory.iterdir())
+    store.close()
+    return gen, debris
+
+
+def test_sigkill_during_saves_leaves_a_committed_state(tmp_path: Path) -> None:
+    started = time.perf_counter()
+    rng = random.Random(16)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    last = {"Flat": 0, "HNSW16": 0}
+    trials, with_debris = 20, 0
+    for trial in range(trials):
+        factory = "Flat" if trial % 2 == 0 else "HNSW16"
+        directory = tmp_path / factory
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(directory), factory],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert child.stdout is not None
+        ready = child.stdout.readline()
+        assert ready == "ready\n", child.communicate()[1]
+        time.sleep(rng.uniform(0.05, 0.5))
+        os.kill(child.pid, signal.SIGKILL)
+        out, _ = child.communicate()
+        assert child.returncode == -signal.SIGKILL
+        reported = [int(line) for line in out.split()]
+        assert reported == sorted(reported) and (not reported or reported[0] >= last[factory])
+        last[factory], debris = check_committed_state(directory, max([last[factory], *reported]))
+        with_debris += debris
+    elapsed = time.perf_counter() - started
+    print(f"{trials} SIGKILL trials in {elapsed:.1f}s; {with_debris} killed mid-save")
+    assert min(last.values()) >= 5  # the children did commit many generations
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_invalid_factory_strings(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match=r"could not parse.*examples: \"Flat\""):
+        IndexStore.create(tmp_path / "a", dim=DIM, factory="IVFx,Flat")
+    with pytest.raises(StoreError, match="multiple of the number of subquantizers"):
+        IndexStore.create(tmp_path / "a", dim=DIM, factory="PQ7")
+    with pytest.raises(StoreError, match="drop the IDMap prefix"):
+        IndexStore.create(tmp_path / "a", dim=DIM, factory="IDMap,Flat")
+    with pytest.raises(StoreError, match="dim must be a positive integer"):
+        IndexStore.create(tmp_path / "a", dim=0)
+
+
+def test_bad_inputs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(17)
+    store = build(tmp_path / "idx", unit_vectors(rng, 10))
+    good = unit_vectors(rng, 2)
+    with pytest.raises(StoreError, match=r"shape \(n, 128\)"):
+        store.add(["a", "b"], unit_vectors(rng, 2, 64))
+    nan = good.copy()
+    nan[1, 5] = np.nan
+    with pytest.raises(StoreError, match="NaN"):
+        store.add(["a", "b"], nan)
+    with pytest.raises(StoreError, match="duplicate key 'a'"):
+        store.add(["a", "a"], good)
+    with pytest.raises(StoreError, match="L2-normalised"):
+        store.add(["a", "b"], good * 2)
+    with pytest.raises(StoreError, match="2 keys but 1 vectors"):
+        store.add(["a", "b"], good[:1])
+    with pytest.raises(StoreError, match="labels must be"):
+        store.add(["a", "b"], good, labels=["x"])
+    with pytest.raises(StoreError, match="JSON"):
+        store.add(["a", "b"], good, metadata=[{"x": object()}, {}])
+    for k in (0, -1, 2.5):
+        with pytest.raises(StoreError, match="k must be an integer >= 1"):
+            store.search(good, k)
+    with pytest.raises(StoreError, match=r"shape \(n, 128\)"):
+        store.search(good[0], 3)
+    with pytest.raises(StoreError, match="efSearch"):
+        store.set_search_params(ef_search=10)
+    assert len(store) == 10 and "a" not in store  # no failed call changed anything
+
+
+def test_untrained_ivf_refuses_adds_and_train_errors(tmp_path: Path) -> None:
+    rng = np.random.default_rng(18)
+    store = IndexStore.create(tmp_path / "idx", dim=DIM, factory="IVF16,Flat")
+    assert store.needs_training()
+    with pytest.raises(StoreError, match="must be trained first"):
+        store.add(["a"], unit_vectors(rng, 1))
+    with pytest.raises(StoreError, match="at least as large as number of clusters"):
+        store.train(unit_vectors(rng, 5))
+    x = unit_vectors(rng, 400)
+    store.train(x[:200])
+    store.add([str(i) for i in range(400)], x)
+    store.remove(["0"])
+    store.train(x[200:])  # retraining a filled store re-adds every live vector
+    store.set_search_params(nprobe=16)
+    assert len(store) == 399 and store._vectors.ntotal == 399
+    assert [row[0].key for row in store.search(x[1:50], 1)] == [str(i) for i in range(1, 50)]
+
+
+def test_gpu_modes_without_gpu(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no GPU"):
+        IndexStore.create(tmp_path / "a", dim=DIM, gpu="cuda")
+    with pytest.raises(StoreError, match="gpu must be one of"):
+        IndexStore.create(tmp_path / "a", dim=DIM, gpu="tpu")
+    store = IndexStore.create(tmp_path / "a", dim=DIM)
+    assert store.info()["gpu"] == "cpu"
+
+
+def test_gpu_code_path_with_a_simulated_gpu(tmp_path: Path, monkeypatch) -> None:
+    """faiss-cpu has no GPU: stand in CPU clones for GPU copies to check the plumbing
+    (copy made for search, adds mirrored, copy dropped after removals, training)."""
+    copies: list[faiss.Index] = []
+
+    def to_gpu(index: faiss.Index) -> faiss.Index:
+        copies.append(faiss.clone_index(index))
+        return copies[-1]
+
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", to_gpu)
+    monkeypatch.setattr(faiss, "index_gpu_to_cpu", faiss.clone_index, raising=False)
+    rng = np.random.default_rng(19)
+    x = unit_vectors(rng, 300)
+    store = build(tmp_path / "idx", x[:200])
+    assert store.search(x[:2], 1)[0][0].key == "0" and store.info()["gpu"] == "1 GPU(s)"
+    assert len(copies) == 1
+    store.add([str(i) for i in range(200, 300)], x[200:])
+    assert store.search(x[250:251], 1)[0][0].key == "250" and len(copies) == 1  # mirrored
+    store.remove(["250"])
+    assert store.search(x[250:251], 1)[0][0].key != "250" and len(copies) == 2  # re-copied
+    ivf = build(tmp_path / "ivf", x, factory="IVF8,Flat")
+    assert ivf.info()["trained"] and len(ivf) == 300
+    assert IndexStore.create(tmp_path / "cpu", dim=DIM, gpu="cpu").info()["gpu"] == "cpu"
+
+
+def test_selector_fallback_for_tombstones(tmp_path: Path, monkeypatch) -> None:
+    rng = np.random.default_rng(20)
+    x = exact_vectors(rng, 200)
+    queries = exact_vectors(rng, 10)
+    store = build(tmp_path / "idx", x, factory="HNSW16")
+    store.set_search_params(ef_search=400)
+    store.remove([str(i) for i in range(0, 200, 3)])
+    with_selectors = store.search(queries, 10)
+
+    def no_selectors(self, index, selector):
+        raise RuntimeError("selectors not supported here")
+
+    monkeypatch.setattr(VectorIndex, "_params", no_selectors)
+    assert store.search(queries, 10) == with_selectors
+    keep = np.arange(200) % 3 != 0
+    assert as_pairs(with_selectors) == brute_force(queries, x, 10, keep)
+
+
+def test_suggest_factory() -> None:
+    assert suggest_factory(0, 384) == "Flat"
+    assert suggest_factory(49_999, 384) == "Flat"
+    assert suggest_factory(100_000, 384) == "IVF1024,Flat"  # 4 * sqrt(1e5) = 1265
+    assert suggest_factory(1_000_000, 384) == "IVF4096,Flat"  # 4000
+    assert suggest_factory(50_000, 384) == "IVF1024,Flat"  # 894, capped at 50000 / 39 -> 1024
+    with pytest.raises(StoreError):
+        suggest_factory(10, 0)
