@@ -4,9 +4,10 @@ What is measured, per database size N (default 100k and 1M) and per index:
 
 - build seconds (train + add), with inner product (faiss.METRIC_INNER_PRODUCT) on L2-normalised
   vectors, as the index store uses them: "Flat", f"IVF{nlist},Flat", "HNSW32" and
-  f"IVF{nlist},PQ48" (48 sub-quantisers of 8 dims, 8 bits each), nlist = 4 * sqrt(N) rounded to
-  a power of two (1024 at 100k, 4096 at 1M), IVF training on the first min(64 * nlist, 200k)
-  database vectors;
+  f"IVF{nlist},PQ48np" (48 sub-quantisers of 8 dims, 8 bits each), nlist = 4 * sqrt(N) rounded
+  to a power of two (1024 at 100k, 4096 at 1M), IVF training on the first min(64 * nlist, 200k)
+  database vectors. "np" only turns off polysemous training, which plain PQ search does not use
+  and which alone costs about a minute on 2 cores (the factory's default for "PQ48");
 - batch QPS: all queries (default 1,000, k = 10) in one search call, repeated at least twice and
   until 3 s have passed (at most 5 times); the fastest run counts (the machine is shared);
 - QPS ratio against numpy brute force timed the same way (chunked matmul + argpartition);
@@ -21,7 +22,8 @@ Data: uniform Gaussian noise is a worst case no real embedding set looks like, s
 a seeded mixture of 1,000 Gaussian clusters: unit-norm random centres, cluster weights from a
 Dirichlet(1) draw, per-cluster spread uniform in [0.4, 0.8], anisotropic within-cluster noise
 (variance spectrum decaying as 1/(i+1) in a random rotation), then L2-normalised. Queries come
-from the same mixture with their own random stream (not copies of database vectors).
+from the same mixture with their own random stream (not copies of database vectors). At 100k the
+mean cosine of a query's exact top-1 is about 0.84 and of its 10th neighbour 0.80.
 
 HNSW build time grows about as N log N; when a smaller size ran first, the 1M build is
 extrapolated from it and, if over --hnsw-budget seconds, built with a proportionally smaller
@@ -182,7 +184,7 @@ def bench_size(n: int, args: argparse.Namespace, rate: dict[str, float]) -> list
         ("Flat", "", [0]),
         (f"IVF{nlist},Flat", "nprobe", [16, 64]),
         ("HNSW32", "efSearch", [64, 128]),
-        (f"IVF{nlist},PQ48", "nprobe", [16, 64]),
+        (f"IVF{nlist},PQ48np", "nprobe", [16, 64]),
     ]
     for factory, pname, pvals in specs:
         index, build, note = build_index(factory, x, ntrain, args, rate)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -159,7 +160,9 @@ def test_hnsw_recall_at_10(tmp_path: Path) -> None:
     store = build(tmp_path / "idx", x, factory="HNSW32")  # default efSearch 64
     found = as_pairs(store.search(queries, 10))
     truth = brute_force(queries, x, 10)
-    recall = np.mean([len({r for r, _ in f} & {r for r, _ in t}) / 10 for f, t in zip(found, truth)])
+    recall = np.mean(
+        [len({r for r, _ in f} & {r for r, _ in t}) / 10 for f, t in zip(found, truth, strict=True)]
+    )
     assert recall >= 0.95
 
 
@@ -266,13 +269,15 @@ def test_replace_existing_keys(tmp_path: Path, factory: str) -> None:
     x = unit_vectors(rng, 50)
     store = build(tmp_path / "idx", x, factory=factory)
     new = unit_vectors(rng, 2)
-    with pytest.raises(StoreError, match="already in the index.*replace=True"):
+    with pytest.raises(StoreError, match=r"already in the index.*replace=True"):
         store.add(["3", "new"], new)
     assert len(store) == 50 and "new" not in store  # nothing half-added
     store.add(["3", "new"], new, labels=["x", "y"], replace=True)
     assert len(store) == 51 and np.array_equal(store.get("3").vector, new[0])
     assert store.search(new[:1], 1)[0][0].key == "3"
-    assert all(h.key != "3" for h in store.search(x[3:4], 51)[0][1:])  # old vector gone
+    row = store.search(x[3:4], 51)[0]  # the old vector of "3" is gone: only the new one left
+    assert [h.key for h in row].count("3") == 1 and row[0].key != "3"
+    assert next(h.score for h in row if h.key == "3") == pytest.approx(float(new[0] @ x[3]))
     store.save()
     assert IndexStore.open(tmp_path / "idx").get("3").label == "x"
 
@@ -284,7 +289,7 @@ def test_fingerprint_and_dim_mismatch_refused(tmp_path: Path) -> None:
     x = unit_vectors(np.random.default_rng(12), 10, 8)
     build(tmp_path / "idx", x, fingerprint="abc123").save()
     assert IndexStore.open(tmp_path / "idx", fingerprint="abc123", dim=8).fingerprint == "abc123"
-    with pytest.raises(StoreError, match="abc123.*def456"):
+    with pytest.raises(StoreError, match=r"abc123.*def456"):
         IndexStore.open(tmp_path / "idx", fingerprint="def456")
     with pytest.raises(StoreError, match=r"8-d.*16-d"):
         IndexStore.open(tmp_path / "idx", dim=16)
@@ -316,11 +321,13 @@ def test_model_copy_is_kept_and_verified(
     with pytest.raises(StoreError, match=f"{ours}.*{theirs}"):
         IndexStore.open(tmp_path / "idx", fingerprint=theirs)
     flip_byte(copy, copy.stat().st_size // 2)
-    with pytest.raises(StoreError, match="checksum mismatch.*model.onnx"):
+    with pytest.raises(StoreError, match=r"checksum mismatch.*model.onnx"):
         IndexStore.open(tmp_path / "idx")
 
 
-def test_overwrite_with_another_model(tmp_path: Path, tiny_onnx: Path, tiny_onnx_other: Path) -> None:
+def test_overwrite_with_another_model(
+    tmp_path: Path, tiny_onnx: Path, tiny_onnx_other: Path
+) -> None:
     x = unit_vectors(np.random.default_rng(14), 20)
     build(tmp_path / "idx", x, model_path=tiny_onnx).save()
     with pytest.raises(StoreError, match="not empty"):
@@ -378,7 +385,7 @@ def test_missing_or_bad_manifest_is_refused(saved_index: Path, tmp_path: Path) -
     with pytest.raises(StoreError, match="unexpected file name"):
         IndexStore.open(saved_index)
     manifest.unlink()
-    with pytest.raises(StoreError, match="manifest.json not found"):
+    with pytest.raises(StoreError, match=r"manifest.json not found"):
         IndexStore.open(saved_index)
     with pytest.raises(StoreError, match="does not exist"):
         IndexStore.open(tmp_path / "nowhere")
@@ -398,7 +405,12 @@ def test_unreadable_file_with_matching_checksum_is_refused(saved_index: Path) ->
 
 
 def test_debris_is_ignored_on_load_and_cleaned_on_save(saved_index: Path) -> None:
-    debris = [".index.2.faiss.x1y2.tmp", ".manifest.json.abc.tmp", "index.2.faiss", "items.0.sqlite"]
+    debris = [
+        ".index.2.faiss.x1y2.tmp",
+        ".manifest.json.abc.tmp",
+        "index.2.faiss",
+        "items.0.sqlite",
+    ]
     for name in debris:
         (saved_index / name).write_bytes(b"half-written")
     (saved_index / "notes.txt").write_text("the user's own file")
@@ -419,6 +431,55 @@ def test_second_writer_is_refused(saved_index: Path) -> None:
     with pytest.raises(StoreError, match="another writer"):
         second.save()
     assert "2" in IndexStore.open(saved_index)
+
+
+def test_open_retries_when_a_save_lands_meanwhile(saved_index: Path, monkeypatch) -> None:
+    import index.store.manifest as manifest_module
+
+    real_read = manifest_module.read_verified
+    raced: list[str] = []
+
+    def read_after_a_racing_save(directory: Path, name: str, expected):
+        if not raced:  # another process commits generation 2 and deletes generation 1
+            raced.append(name)
+            other = IndexStore.open(saved_index)
+            other.remove(["5"])
+            other.save()
+        return real_read(directory, name, expected)
+
+    monkeypatch.setattr(manifest_module, "read_verified", read_after_a_racing_save)
+    store = IndexStore.open(saved_index)
+    assert raced == ["index.1.faiss"]
+    assert store.info()["generation"] == 2 and len(store) == 199 and "5" not in store
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16"])
+def test_searches_run_safely_during_adds_and_removes(tmp_path: Path, factory: str) -> None:
+    x = unit_vectors(np.random.default_rng(21), 400)
+    store = build(tmp_path / "idx", x[:200], factory=factory)
+    stop, errors = threading.Event(), []
+
+    def search_until_stopped() -> None:
+        while not stop.is_set():
+            try:
+                hits = store.search(x[:40], 5)
+                assert all(len(row) == 5 for row in hits)
+            except Exception as exc:  # collected: assertions in threads do not fail tests
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=search_until_stopped) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for start in range(200, 400, 10):
+        store.add([str(i) for i in range(start, start + 10)], x[start : start + 10])
+        assert store.remove([str(i) for i in range(start - 200, start - 190)]) == 10
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(store) == 200 and store.keys() == [str(i) for i in range(200, 400)]
+    assert [row[0].key for row in store.search(x[200:], 1)] == store.keys()
 
 
 # -- crash safety ------------------------------------------------------------------------------
@@ -635,3 +696,19 @@ def test_suggest_factory() -> None:
     assert suggest_factory(50_000, 384) == "IVF1024,Flat"  # 894, capped at 50000 / 39 -> 1024
     with pytest.raises(StoreError):
         suggest_factory(10, 0)
+
+
+def test_search_with_selector_after_faiss_torch_utils_patch(tmp_path):
+    """Some torch libraries import faiss.contrib.torch_utils, which replaces Index.search
+    with a wrapper that drops `params`; filtered search must still work."""
+    pytest.importorskip("torch")
+    import faiss.contrib.torch_utils  # noqa: F401
+
+    rng = np.random.default_rng(5)
+    vectors = unit_vectors(rng, 40)
+    labels = ["a" if i % 2 else "b" for i in range(40)]
+    store = IndexStore.create(tmp_path / "ix", dim=DIM)
+    store.add([f"k{i}" for i in range(40)], vectors, labels=labels)
+    hits = store.search(vectors[:3], 5, label="a")
+    assert all(h.label == "a" for row in hits for h in row)
+    assert [len(row) for row in hits] == [5, 5, 5]

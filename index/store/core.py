@@ -283,11 +283,13 @@ class IndexStore:
                 Row(int(i), k, lab, p, m, v)
                 for i, k, lab, p, m, v in zip(ids, keys, labels_, paths_, metadata_, x, strict=True)
             ]
+            old = np.fromiter(existing.values(), dtype=np.int64)
             with self._items.transaction():
+                self._retire_rows(old)  # frees the keys for the new rows
                 self._items.insert(rows)
                 self._vectors.add(x, ids)
-                # old versions go after the add: a failed add leaves FAISS untouched
-                self._remove_ids(np.fromiter(existing.values(), dtype=np.int64))
+                # old vectors go after the add, so a failed add leaves FAISS untouched
+                self._retire_vectors(old)
             self._next_id += len(keys)
             self._live += len(keys)
             self._dirty = True
@@ -305,17 +307,27 @@ class IndexStore:
             return len(found)
 
     def _remove_ids(self, ids: np.ndarray) -> None:
-        """Delete live `ids` from FAISS and SQLite, or tombstone them where FAISS cannot.
+        """Delete live `ids` from SQLite and FAISS (inside the caller's transaction)."""
+        self._retire_rows(ids)
+        self._retire_vectors(ids)
 
-        Runs inside the caller's SQLite transaction.
-        """
+    def _retire_rows(self, ids: np.ndarray) -> None:
+        """SQLite side of a removal: delete the rows, or tombstone them where FAISS cannot
+        remove vectors (HNSW)."""
         if ids.size == 0:
             return
         if self._vectors.removable:
             self._items.delete_rows(ids.tolist())
-            self._vectors.remove(ids)
         else:
             self._items.mark_deleted(ids.tolist())
+
+    def _retire_vectors(self, ids: np.ndarray) -> None:
+        """FAISS side of a removal: remove_ids, or remember the tombstones for search."""
+        if ids.size == 0:
+            return
+        if self._vectors.removable:
+            self._vectors.remove(ids)
+        else:
             self._tombstones.update(ids.tolist())
         self._live -= int(ids.size)
 

@@ -94,6 +94,11 @@ def build_index(dim: int, factory: str) -> faiss.Index:
             f"invalid FAISS factory {factory!r}: the store adds the id map itself; drop the "
             f"IDMap prefix (examples: {FACTORY_EXAMPLES})"
         )
+    if isinstance(index, faiss.IndexPQ | faiss.IndexIVFPQ):
+        # The factory turns on polysemous training: a code permutation (seconds of
+        # annealing, whatever n) that only polysemous Hamming search uses; this store's
+        # searches use PQ distances, which it does not change.
+        index.do_polysemous_training = False
     if isinstance(index, faiss.IndexIVF):
         index.nprobe = default_nprobe(index.nlist)
         return index
@@ -183,7 +188,8 @@ class VectorIndex:
 
     @property
     def gpu_in_use(self) -> str:
-        return f"{_gpu_count()} GPU(s)" if self._gpu is not None else "cpu"
+        """Where searches run: "cpu", or "<n> GPU(s)" (the copy is made at the first search)."""
+        return f"{_gpu_count()} GPU(s)" if self._want_gpu and not self._gpu_failed else "cpu"
 
     # -- mutations --------------------------------------------------------------------
 
@@ -255,8 +261,20 @@ class VectorIndex:
             logger.info("no GPU version of this index (%s); using the CPU", faiss_reason(exc))
             self._gpu_failed = True
             return None
+        self._copy_settings_to_gpu(gpu_index)
         logger.info("FAISS index on %d GPU(s)", _gpu_count())
         return gpu_index
+
+    def _copy_settings_to_gpu(self, gpu_index: faiss.Index) -> None:
+        """Carry nprobe over: GPU searches without SearchParameters use the GPU index's own."""
+        space = getattr(faiss, "GpuParameterSpace", None)
+        nprobe = self.search_settings().get("nprobe")
+        if space is None or nprobe is None:
+            return
+        try:
+            space().set_index_parameter(gpu_index, "nprobe", nprobe)
+        except RuntimeError as exc:
+            logger.info("could not set nprobe on the GPU index: %s", faiss_reason(exc))
 
     def _search_target(self, fetch: int) -> tuple[faiss.Index, str]:
         if self._gpu is None and self.ntotal:
@@ -290,13 +308,16 @@ class VectorIndex:
         unfiltered results (the caller post-filters either way).
         """
         index, where = self._search_target(fetch)
+        # faiss.contrib.torch_utils (imported by some torch libraries) replaces `search`
+        # with a wrapper that drops `params`; the numpy method it keeps is the real one.
+        search = getattr(index, "search_numpy", index.search)
         if selector is not None and self._selectors.get(where, True):
             try:
-                return index.search(queries, fetch, params=self._params(index, selector))
+                return search(queries, fetch, params=self._params(index, selector))
             except RuntimeError as exc:
                 logger.info("ID selectors unsupported on %s here (%s)", where, faiss_reason(exc))
                 self._selectors[where] = False
-        return index.search(queries, fetch)
+        return search(queries, fetch)
 
     def top_k(
         self, queries: np.ndarray, k: int, *, allowed: np.ndarray | None, blocked: np.ndarray
