@@ -33,7 +33,13 @@ demo: install
 	rm -rf $(DEMO_RUN)
 	$(BIN)/vitrieval-train fit --dataset digits --preset tiny --out $(DEMO_RUN)
 	$(BIN)/vitrieval-train export --run $(DEMO_RUN) --out $(DEMO_RUN)/model.onnx
-	@echo "demo model: $(DEMO_RUN)/model.onnx (training curves: $(DEMO_RUN)/curves.png)"
+	$(BIN)/vitrieval-index export-dataset --dataset digits --split test --out $(DEMO_RUN)/images
+	$(BIN)/vitrieval-index build --model $(DEMO_RUN)/model.onnx --images $(DEMO_RUN)/images \
+		--labels-from-folders --out $(DEMO_RUN)/index
+	$(BIN)/vitrieval-index bench --model $(DEMO_RUN)/model.onnx --gallery $(DEMO_RUN)/images/list.csv \
+		--out $(DEMO_RUN)/bench
+	$(BIN)/vitrieval-index search $(DEMO_RUN)/index $(DEMO_RUN)/images/7/digits_00017.png -k 5
+	@echo "demo: model $(DEMO_RUN)/model.onnx, index $(DEMO_RUN)/index, curves $(DEMO_RUN)/curves.png"
 
 bench: install
 	$(BIN)/python bench/pooling_step.py

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from index.images import ImageDecodeError, open_image
+from index.images import DEFAULT_MAX_PIXELS, ImageDecodeError, open_image
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "folder", "csv", "cub", "cars", "sop")
 """Names accepted by `load_dataset`."""
@@ -63,13 +63,18 @@ class Item:
     path: Path | None = None
     pixels: np.ndarray | None = field(default=None, compare=False, repr=False)
 
-    def open(self) -> Image.Image:
-        """Return the image as RGB; raises `ImageDecodeError` if it cannot be read."""
+    def open(
+        self, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None
+    ) -> Image.Image:
+        """Return the image as RGB; raises `ImageDecodeError` if it cannot be read.
+
+        `max_pixels` and `draft_size` apply to files, as in `index.images.open_image`.
+        """
         if self.pixels is not None:
             return _pixels_to_image(self.pixels, self.key)
         if self.path is None:
             raise ImageDecodeError(f"item {self.key!r} has neither a path nor pixels")
-        return open_image(self.path)
+        return open_image(self.path, max_pixels, draft_size)
 
 
 @dataclass

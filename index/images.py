@@ -47,8 +47,15 @@ class UnsupportedFormatError(ImageDecodeError):
 Source = str | os.PathLike[str] | bytes
 
 
-def open_image(source: Source, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+def open_image(
+    source: Source, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None
+) -> Image.Image:
     """Decode `source` (a path or the encoded bytes) into an upright RGB image.
+
+    `draft_size`: for JPEG, let the decoder scale down by 1/2, 1/4 or 1/8 in the DCT
+    domain while both sides stay >= draft_size. A model that will shrink the image to
+    that size anyway gets nearly the same input (cosine agreement of embeddings >= 0.999
+    in the tests) at a fraction of the decoding time.
 
     Raises `ImageDecodeError` (or a subclass) for a missing, corrupt, truncated,
     oversized or disallowed file.
@@ -86,6 +93,8 @@ def open_image(source: Source, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Im
         if width == 0 or height == 0:
             raise ImageDecodeError(f"{name}: image has no pixels ({width}x{height})")
         try:
+            if draft_size and image.format in ("JPEG", "MPO"):
+                image.draft("RGB", (draft_size, draft_size))
             image.load()
             image = ImageOps.exif_transpose(image)
             return _to_rgb(image)

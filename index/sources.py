@@ -13,8 +13,10 @@ keys already indexed).
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
+from .atomic import atomic_path
 from .datasets import IMAGE_EXTENSIONS, DatasetError, Item, csv_list
 
 
@@ -44,3 +46,25 @@ def read_sources(images: str | Path, labels_from_folders: bool = False) -> list[
     if not images.exists():
         raise DatasetError(f"--images path not found: {images}")
     return walk_images(images, labels_from_folders)
+
+
+def write_image_folder(items: list[Item], root: Path) -> Path:
+    """Save `items` as PNG files, one folder per label, plus `root/list.csv`.
+
+    Materialises an in-memory dataset (digits) as files that `build --images DIR
+    --labels-from-folders` or `bench --gallery root/list.csv` can read. Returns the CSV.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for item in items:
+        label = item.label or "unlabelled"
+        path = root / label / (item.key.replace("/", "_") + ".png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        item.open().save(path)
+        rows.append((path.relative_to(root).as_posix(), item.label or "", item.key))
+    listing = root / "list.csv"
+    with atomic_path(listing) as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "label", "key"])
+        writer.writerows(rows)
+    return listing

@@ -135,9 +135,9 @@ def test_sources_mix_paths_bytes_and_failures(tmp_path, tiny_onnx):
         str(tmp_path / "camera.png"),  # 5 ok
         b"\xff\xd8\xff garbage",  # 6 corrupt bytes
     ]
-    result = Embedder(tiny_onnx, device="cpu", batch_size=2, decode_threads=3).embed_sources(
-        sources
-    )
+    result = Embedder(
+        tiny_onnx, device="cpu", batch_size=2, decode_threads=3, exact_decode=True
+    ).embed_sources(sources)
     assert isinstance(result, EmbedResult)
     assert result.indices == [0, 1, 5]
     assert [pos for pos, _ in result.errors] == [2, 3, 4, 6]
@@ -325,3 +325,25 @@ def test_quantize_defaults_to_random_check_images(tiny_onnx, tmp_path):
     report = quantize_model(tiny_onnx, tmp_path / "q.onnx")
     assert report.n_check_images == 16 and report.check_source == "random"
     assert 0.9 < report.min_cosine <= 1.0 + 1e-6
+
+
+def test_draft_decoding_matches_exact_decoding(tmp_path, tiny_onnx):
+    """JPEGs decoded at reduced DCT scale embed like fully decoded ones."""
+    from skimage import data as skdata
+
+    from index.images import open_image
+
+    paths = []
+    for i, photo in enumerate([skdata.astronaut(), skdata.coffee(), skdata.chelsea()]):
+        paths.append(tmp_path / f"{i}.jpg")
+        Image.fromarray(photo).save(paths[-1], quality=92)
+    fast = Embedder(tiny_onnx)
+    exact = Embedder(tiny_onnx, exact_decode=True)
+    assert exact.draft_size is None and fast.draft_size == 64
+    # the draft really engages: a 512 px JPEG decodes at 1/8 scale for a 32 px model
+    assert open_image(paths[0], draft_size=fast.draft_size).size == (64, 64)
+    a = fast.embed_sources(paths).embeddings
+    b = exact.embed_sources(paths).embeddings
+    cosines = np.sum(a * b, axis=1)
+    assert cosines.min() >= 0.999
+    assert not np.array_equal(a, b)
