@@ -22,7 +22,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     DatasetError,
     ImageDecodeError,
     ModelMetadataError,
-    FileNotFoundError,
+    OSError,  # unreadable or unwritable paths the user named
     ValueError,
 )
 
@@ -71,6 +71,10 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
+    from .store import StoreError
+
+    if not (Path(args.index) / "manifest.json").is_file():
+        raise StoreError(f"{args.index} is not an index; create one with `vitrieval-index build`")
     args.out = args.index
     args.factory = None
     return _build(args)
@@ -143,11 +147,14 @@ def _bench(args: argparse.Namespace) -> int:
         name = f"csv:{args.gallery}"
     elif args.queries:
         raise DatasetError("--queries needs --gallery")
-    else:
-        split = load_dataset(args.dataset, args.data_root, seed=args.seed)
+    embedder = _embedder(Path(args.model), args)
+    if not args.gallery:
+        # digits are rendered at the model's input size, as training rendered them
+        split = load_dataset(
+            args.dataset, args.data_root, seed=args.seed, image_size=embedder.input_size
+        )
         gallery, queries, name = split.test, None, split.name
     ks = tuple(args.ks) if args.ks else (SOP_KS if args.dataset == "sop" else DEFAULT_KS)
-    embedder = _embedder(Path(args.model), args)
     report = run_benchmark(embedder, gallery, queries, ks=ks, factory=args.factory, name=name)
     write_report(report, Path(args.out))
     print(format_table(report))
@@ -172,7 +179,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from .quantize import quantize_model
 
     report = quantize_model(Path(args.model), Path(args.out))
-    print(report.summary() if hasattr(report, "summary") else report)
+    print(report.summary())
     return 0
 
 
@@ -262,11 +269,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
     )
+    from .quantize import QuantizeError
     from .store import StoreError
 
     try:
         return args.handler(args)
-    except (*USER_ERRORS, StoreError) as exc:
+    except (*USER_ERRORS, QuantizeError, StoreError) as exc:
         print(f"vitrieval-index {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

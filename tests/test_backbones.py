@@ -67,6 +67,9 @@ def test_pretrained_errors(tmp_path):
     save_file({k: v.contiguous() for k, v in other.items()}, str(tmp_path / "small.safetensors"))
     with pytest.raises(BackboneError, match="wrong shape"):
         create_backbone("tiny", pretrained=str(tmp_path / "small.safetensors"))
+    (tmp_path / "junk.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{bad json")
+    with pytest.raises(BackboneError, match="cannot read"):
+        create_backbone("tiny", pretrained=str(tmp_path / "junk.safetensors"))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(BackboneError, match="cannot read"):
         create_backbone("tiny", pretrained=str(tmp_path / "junk.pt"))

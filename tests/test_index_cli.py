@@ -182,6 +182,7 @@ def test_bench_ivf_reports_fidelity(tmp_path, capsys, tiny_onnx):
             "not found",
         ),
         (["search", "/nonexistent/index", "q.jpg"], "/nonexistent/index"),
+        (["add", "/nonexistent/index", "--images", "."], "not an index"),
     ],
 )
 def test_user_errors_one_line(capsys, argv, needle):

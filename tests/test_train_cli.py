@@ -68,8 +68,8 @@ def test_resume_continues_exactly(tmp_path):
 
 def test_existing_run_needs_resume(tmp_path, capsys):
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "metrics.jsonl").write_text("")
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "state.json").write_text('{"epoch": 1}')
     assert main(["fit", "--out", str(run), *FAST]) == 2
     assert "--resume" in capsys.readouterr().err
 
@@ -84,6 +84,9 @@ def test_existing_run_needs_resume(tmp_path, capsys):
         (["--dataset", "imagenet"], "unknown dataset"),
         (["--dataset", "cub"], "root"),
         (["--epochs", "0"], "--epochs must be > 0"),
+        (["--pool-groups", "3"], "cannot be split into 3 groups"),
+        (["--dim", "0"], "--dim must be >= 1"),
+        (["--pretrained", "/nonexistent/w.safetensors"], "not found"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, capsys, args, needle):

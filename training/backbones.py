@@ -142,7 +142,10 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # safetensors raises its own error types for bad files
+            raise BackboneError(f"cannot read weights from {path}: {exc}") from None
     try:
         # weights_only: a checkpoint file must not be able to run code.
         obj = torch.load(path, map_location="cpu", weights_only=True)

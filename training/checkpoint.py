@@ -39,11 +39,10 @@ def save_tensors(
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
     if not path.is_file():
         raise CheckpointError(f"no weights at {path}")
-    state = load_file(str(path))
     try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise CheckpointError(f"{path} does not fit the model: {exc}") from None
+        model.load_state_dict(load_file(str(path)))
+    except Exception as exc:  # unreadable file or tensors that do not fit
+        raise CheckpointError(f"{path} cannot be loaded into the model: {exc}") from None
 
 
 def _flatten_optimizer(
@@ -102,7 +101,10 @@ def load_checkpoint(
     if not (folder / "state.json").is_file():
         raise CheckpointError(f"{run} has no checkpoint to resume from")
     load_model_weights(model, folder / "model.safetensors")
-    loss.load_state_dict(load_file(str(folder / "loss.safetensors")))
+    try:
+        loss.load_state_dict(load_file(str(folder / "loss.safetensors")))
+    except Exception as exc:  # e.g. --resume with another dataset: other class count
+        raise CheckpointError(f"the checkpoint's loss state does not fit this run: {exc}") from None
     from safetensors import safe_open
 
     with safe_open(str(folder / "optimizer.safetensors"), framework="pt") as fh:

@@ -67,8 +67,8 @@ def _export(args: argparse.Namespace) -> int:
             Path(args.run), Path(args.out), opset=args.opset, check=not args.no_check
         )
     except ExportError as exc:
-        print(f"vitrieval-train export: {exc}", file=sys.stderr)
-        return 1
+        print(f"vitrieval-train export: error: {exc}", file=sys.stderr)
+        return 2
     print(report.summary())
     return 0
 

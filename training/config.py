@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from index.atomic import atomic_write_text
+
 
 class ConfigError(ValueError):
     """A configuration file or value that cannot be used; the message says which."""
@@ -104,11 +106,17 @@ class FitConfig:
             raise ConfigError(f"--test-fraction must lie in (0, 1), got {self.test_fraction}")
         if not 0 < self.crop_scale <= 1:
             raise ConfigError(f"--crop-scale must lie in (0, 1], got {self.crop_scale}")
+        for name in ("dim", "pool_groups"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"--workers must be >= 0, got {self.workers}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
 
     def save(self, path: Path) -> None:
-        path.write_text(yaml.safe_dump(asdict(self), sort_keys=False))
+        atomic_write_text(path, yaml.safe_dump(asdict(self), sort_keys=False))
 
 
 def _field_type(tp: Any) -> tuple[type, bool]:

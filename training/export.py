@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from index.atomic import atomic_path
+from index.atomic import atomic_path, atomic_write_text
 from index.model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata
 from index.preprocess import Preprocessor
 
@@ -62,8 +62,7 @@ def load_run_model(run: Path) -> tuple[EmbeddingModel, FitConfig]:
 
     if not (run / CONFIG_FILE).is_file():
         raise ExportError(f"{run} is not a run folder (no {CONFIG_FILE})")
-    known = {f.name for f in fields(FitConfig)}
-    cfg = FitConfig(**{k: v for k, v in load_config_file(run / CONFIG_FILE).items() if k in known})
+    cfg = FitConfig(**load_config_file(run / CONFIG_FILE))
     model = model_from_config(cfg, load_pretrained=False)
     load_model_weights(model, run / MODEL_FILE)
     return model.eval(), cfg
@@ -120,7 +119,8 @@ def export_model(
 def export_run(run: Path, out: Path, opset: int = 18, check: bool = True) -> ExportReport:
     model, cfg = load_run_model(run)
     report = export_model(model, model_metadata(model, cfg), out, opset=opset, check=check)
-    (out.parent / (out.stem + ".export.json")).write_text(
+    atomic_write_text(
+        out.parent / (out.stem + ".export.json"),
         json.dumps(
             {
                 "run": str(run),
@@ -128,7 +128,7 @@ def export_run(run: Path, out: Path, opset: int = 18, check: bool = True) -> Exp
                 "fingerprint": report.metadata.fingerprint,
             },
             indent=2,
-        )
+        ),
     )
     return report
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from timm.data import resolve_data_config
 from torch import nn
 
-from .backbones import create_backbone
+from .backbones import BackboneError, create_backbone
 from .pooling import create_pooling
 
 
@@ -59,6 +59,11 @@ def build_model(
     net = create_backbone(backbone, pretrained=pretrained, drop_path_rate=drop_path_rate)
     width = int(net.num_features)
     heads = int(net.blocks[0].attn.num_heads) if hasattr(net, "blocks") else 1
+    groups = (pool_options or {}).get("groups")
+    if pool == "ggem" and width % (groups or heads):
+        raise BackboneError(f"ggem: {width} channels cannot be split into {groups or heads} groups")
+    if pool == "cls" and not getattr(net, "has_class_token", net.num_prefix_tokens > 0):
+        raise BackboneError(f"{backbone} has no class token; choose another --pool")
     pooling, pooled_dim = create_pooling(pool, width, heads, **(pool_options or {}))
     return EmbeddingModel(net, pooling, pooled_dim, dim)
 

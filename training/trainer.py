@@ -22,9 +22,10 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from index.atomic import atomic_write_text
 from index.datasets import Split, load_dataset
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
 from .config import ConfigError, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable
 from .evaluate import evaluate_retrieval
@@ -104,7 +105,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     cfg = cfg.resolved()
     cfg.validate()
     run = Path(cfg.out)
-    if not resume and (run / METRICS_FILE).exists():
+    if not resume and (run / CHECKPOINT_DIR / "state.json").exists():
         raise TrainingError(
             f"{run} already holds a run; pass --resume to continue it or choose another --out"
         )
@@ -119,10 +120,14 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     test_items, bad_test = drop_unreadable(split.test, "held-out images")
     skipped = bad_train + bad_test
     if skipped:
-        (run / "skipped.txt").write_text("".join(f"{key}\t{reason}\n" for key, reason in skipped))
+        atomic_write_text(
+            run / "skipped.txt", "".join(f"{key}\t{reason}\n" for key, reason in skipped)
+        )
         print(f"skipped {len(skipped)} unreadable images (listed in {run / 'skipped.txt'})")
     if not train_items:
         raise TrainingError(f"{split.name}: no readable training images")
+    if not test_items:
+        raise TrainingError(f"{split.name}: no readable held-out images to evaluate on")
     classes = sorted({item.label for item in train_items})
     class_to_index = {name: i for i, name in enumerate(classes)}
 
@@ -137,7 +142,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
         start_epoch = int(state["epoch"])
         print(f"resuming {run} after epoch {start_epoch}")
     history = _read_metrics(run / METRICS_FILE, start_epoch)
-    (run / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in history))
+    atomic_write_text(run / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in history))
     cfg.save(run / CONFIG_FILE)
 
     train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, cfg.auto_augment)
@@ -219,17 +224,22 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
         history.append(row)
         plot_curves(history, run / "curves.png")
         print(
-            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  R@1 {row['recall@1']:.4f}  "
-            f"mAP {row['map']:.4f}  lr {lr:.2e}  {train_seconds:.1f}s "
+            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  R@1 {_show(row['recall@1'])}  "
+            f"mAP {_show(row['map'])}  lr {lr:.2e}  {train_seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} img/s)"
         )
     elapsed = time.perf_counter() - started
     if row:
         print(
-            f"done: {cfg.epochs} epochs, held-out R@1 {row['recall@1']:.4f} mAP {row['map']:.4f} "
-            f"MAP@R {row['map_at_r']:.4f} in {elapsed:.0f}s -> {run}"
+            f"done: {cfg.epochs} epochs, held-out R@1 {_show(row['recall@1'])} "
+            f"mAP {_show(row['map'])} MAP@R {_show(row['map_at_r'])} in {elapsed:.0f}s -> {run}"
         )
     return row
+
+
+def _show(value: float | None) -> str:
+    """A metric for the console; None when no held-out query had a same-class neighbour."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _clean(value: float | int) -> float | int | None:
