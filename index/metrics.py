@@ -73,7 +73,9 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-__all__ = ["retrieval_metrics"]
+from .isotropy import isotropy_score
+
+__all__ = ["isotropy_score", "retrieval_metrics"]
 
 # Above this many relevant items tied with some other item in one row, rank the
 # row with a stable argsort instead of counting equal scores item by item.

@@ -77,7 +77,7 @@ def test_existing_run_needs_resume(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--pool", "gemm"], "valid names: avg, cls, gem, ggem, max"),
+        (["--pool", "gemm"], "valid names: avg, ccbp, cls, gem, ggem, jcf, max"),
         (["--loss", "nope"], "valid names: norm_softmax"),
         (["--preset", "huge"], "unknown backbone 'huge'"),
         (["--dataset", "folder", "--data-root", "/nonexistent/photos"], "/nonexistent/photos"),
@@ -138,3 +138,41 @@ def test_console_script_is_installed():
     result = subprocess.run([exe, "fit", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     assert "--preset" in result.stdout and "--pool" in result.stdout
+
+
+def test_triplet_loss_trains_with_class_balanced_batches(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["fit", "--dataset", "digits", "--pool", "avg", "--loss", "triplet", "--out", str(run)]
+    assert main([*args, "--epochs", "1", "--samples-per-class", "4", "--workers", "0"]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["sampler"] == "pk" and saved["mining"] == "batch_hard"
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["loss"] > 0 and row["recall@1"] > 0.2
+
+
+def test_recipe_runs_stages_in_order(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "common: {pool: avg, epochs: 1, workers: 0, batch_size: 256}\n"
+        "stages:\n"
+        "  - {name: head, freeze_backbone: true}\n"
+        "  - {name: full, lr: 1.0e-4}\n"
+    )
+    run = tmp_path / "run"
+    assert main(["fit", "--recipe", str(recipe), "--out", str(run)]) == 0
+    head = yaml.safe_load((run / "head" / "config.yaml").read_text())
+    full = yaml.safe_load((run / "full" / "config.yaml").read_text())
+    assert head["freeze_backbone"] is True and head["init"] is None
+    assert full["init"] == str(run / "head") and full["lr"] == 1e-4
+    # the frozen stage changed the head only: backbone weights equal a fresh seed-0 model
+    from training.trainer import model_from_config
+
+    torch.manual_seed(0)
+    fresh = model_from_config(FitConfig(out="x", pool="avg"))
+    trained = load_file(str(run / "head" / "model.safetensors"))
+    key = "backbone.blocks.0.attn.qkv.weight"
+    torch.testing.assert_close(trained[key], fresh.state_dict()[key])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stages: [{name: a, colour: red}]\n")
+    assert main(["fit", "--recipe", str(bad), "--out", str(run)]) == 2
+    assert "unknown options colour" in capsys.readouterr().err

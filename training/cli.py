@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from index.datasets import DatasetError
@@ -19,6 +20,8 @@ from .backbones import BackboneError, vit_names
 from .checkpoint import CheckpointError
 from .config import ConfigError, FitConfig, add_config_arguments, config_from_args, load_config_file
 from .registry import UnknownNameError
+
+FIT_FIELDS = {f.name for f in fields(FitConfig)}
 
 USER_ERRORS = (
     BackboneError,
@@ -37,6 +40,8 @@ def _fit(args: argparse.Namespace) -> int:
     if args.list_backbones:
         print("\n".join(vit_names()))
         return 0
+    if args.recipe:
+        return _fit_recipe(args, fit)
     if args.resume:
         if not args.out:
             raise ConfigError("--resume needs --out RUN, the run to continue")
@@ -57,6 +62,43 @@ def _fit(args: argparse.Namespace) -> int:
     except TrainingError as exc:
         raise ConfigError(str(exc)) from None
     return 0
+
+
+def _fit_recipe(args: argparse.Namespace, fit) -> int:
+    """Run the stages of a recipe file in order, each initialised from the one before."""
+    from .trainer import TrainingError
+
+    recipe = _load_recipe(args.recipe)
+    if not args.out:
+        raise ConfigError("--recipe needs --out RUN (each stage writes RUN/<stage name>)")
+    flags = {k: v for k, v in vars(args).items() if k in FIT_FIELDS and v is not None}
+    previous = flags.pop("init", None)
+    for stage in recipe["stages"]:
+        stage = dict(stage)
+        name = str(stage.pop("name"))
+        values = {**recipe.get("common", {}), **stage, **flags, "out": str(Path(args.out) / name)}
+        if previous:
+            values["init"] = previous
+            values.pop("pretrained", None)  # the previous stage's weights replace them
+        print(f"recipe stage {name}")
+        try:
+            fit(FitConfig(**values))
+        except TrainingError as exc:
+            raise ConfigError(f"stage {name}: {exc}") from None
+        previous = values["out"]
+    return 0
+
+
+def _load_recipe(path: Path) -> dict:
+    recipe = load_config_file(path, None)
+    stages = recipe.get("stages")
+    if not isinstance(stages, list) or not stages or not all("name" in s for s in stages):
+        raise ConfigError(f"{path}: a recipe needs a list of `stages`, each with a `name`")
+    for part in [recipe.get("common", {}), *stages]:
+        unknown = sorted(set(part) - FIT_FIELDS - {"name"})
+        if unknown:
+            raise ConfigError(f"{path}: unknown options {', '.join(unknown)}")
+    return recipe
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -86,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--list-backbones", action="store_true", help="print the timm ViT names and exit"
+    )
+    fit.add_argument(
+        "--recipe", type=Path, help="YAML file of stages run in order (e.g. recipes/*.yaml)"
     )
     fit.set_defaults(handler=_fit)
 

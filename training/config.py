@@ -25,6 +25,17 @@ class ConfigError(ValueError):
     """A configuration file or value that cannot be used; the message says which."""
 
 
+PAIR_LOSSES = ("triplet", "supcon")
+"""Losses that compare embeddings within a batch (no class proxies)."""
+
+# Which config fields each loss's factory takes as options.
+LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
+    "norm_softmax": ("temperature",),
+    "supcon": ("temperature",),
+    "triplet": ("margin", "mining"),
+}
+
+
 def _opt(help: str, default: Any = None, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
@@ -44,14 +55,21 @@ class FitConfig:
         "preset name (tiny, small) or any timm ViT name", "tiny", flags=("--preset",)
     )
     pretrained: str | None = _opt("weights file (safetensors or state dict), or 'timm' for the hub")
+    init: str | None = _opt("run folder whose model.safetensors initialises the whole model")
+    freeze_backbone: bool = _opt("train only the pooling/projection head (and the loss)", False)
     pool: str = _opt("pooling head: cls | avg | max | gem | ggem", "ggem")
     pool_p: float = _opt("initial exponent p of gem/ggem", 3.0)
     pool_groups: int | None = _opt("ggem groups (default: the backbone's number of heads)")
     dim: int | None = _opt("project the pooled vector to this many dimensions (default: none)")
     drop_path: float = _opt("stochastic depth rate", 0.1)
     # loss
-    loss: str = _opt("training loss", "norm_softmax")
-    temperature: float = _opt("softmax temperature of norm_softmax", 0.05)
+    loss: str = _opt("training loss: norm_softmax | triplet | supcon", "norm_softmax")
+    temperature: float | None = _opt("temperature of norm_softmax (0.05) or supcon (0.1)")
+    margin: float = _opt("triplet margin", 0.1)
+    mining: str = _opt("triplet mining: batch_hard | semi_hard | all", "batch_hard")
+    sampler: str | None = _opt("random | pk (default: pk for triplet and supcon, else random)")
+    classes_per_batch: int = _opt("P of the class-balanced P x K sampler", 8)
+    samples_per_class: int = _opt("K of the class-balanced P x K sampler", 8)
     # optimisation
     epochs: int = _opt("training epochs", 80)
     batch_size: int = _opt("images per step", 64)
@@ -82,6 +100,11 @@ class FitConfig:
         cfg = FitConfig(**asdict(self))
         if cfg.layer_decay is None:
             cfg.layer_decay = 0.65 if cfg.pretrained else 1.0
+        if cfg.temperature is None:
+            cfg.temperature = 0.1 if cfg.loss == "supcon" else 0.05
+        if cfg.sampler is None:
+            # pair-based losses need several images of a class in every batch
+            cfg.sampler = "pk" if cfg.loss in PAIR_LOSSES else "random"
         if cfg.hflip is None:
             cfg.hflip = 0.0 if cfg.dataset == "digits" else 0.5
         if cfg.workers is None:
@@ -96,7 +119,7 @@ class FitConfig:
     def validate(self) -> None:
         if not self.out:
             raise ConfigError("--out RUN is required")
-        positive = ("epochs", "batch_size", "lr", "eval_batch_size", "temperature")
+        positive = ("epochs", "batch_size", "lr", "eval_batch_size", "temperature", "margin")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(
@@ -112,6 +135,8 @@ class FitConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {self.workers}")
+        if self.sampler not in (None, "random", "pk"):
+            raise ConfigError(f"--sampler must be random or pk, got {self.sampler!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
 
@@ -148,7 +173,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type = FitConfig)
     parser.add_argument("--config", type=Path, help="YAML or JSON file of the same options")
 
 
-def load_config_file(path: Path, cls: type = FitConfig) -> dict[str, Any]:
+def load_config_file(path: Path, cls: type | None = FitConfig) -> dict[str, Any]:
+    """A YAML or JSON mapping; with `cls`, its keys must be fields of `cls`."""
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -159,6 +185,8 @@ def load_config_file(path: Path, cls: type = FitConfig) -> dict[str, Any]:
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of option names to values")
+    if cls is None:
+        return data
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:

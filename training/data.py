@@ -6,11 +6,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 from timm.data import create_transform
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from index.datasets import Item
 from index.images import ImageDecodeError
+
+from .config import FitConfig
+from .samplers import ClassBalancedBatchSampler
 
 
 class ImageDataset(Dataset):
@@ -61,3 +64,33 @@ def drop_unreadable(items: Sequence[Item], desc: str) -> tuple[list[Item], list[
         else:
             good.append(item)
     return good, bad
+
+
+def epoch_loader(
+    dataset: ImageDataset, cfg: FitConfig, epoch: int, pin_memory: bool = False
+) -> DataLoader:
+    """The training batches of `epoch`, drawn from seeds derived from (cfg.seed, epoch).
+
+    `sampler="random"`: shuffled batches of `batch_size`, the last partial one dropped.
+    `sampler="pk"`: `classes_per_batch` classes x `samples_per_class` images per batch
+    (what triplet and contrastive losses need to find positives).
+    """
+    seed = cfg.seed * 100_003 + epoch
+    if cfg.sampler == "pk":
+        labels = [dataset.class_to_index[item.label] for item in dataset.items]
+        sampler = ClassBalancedBatchSampler(
+            labels, cfg.classes_per_batch, cfg.samples_per_class, seed=cfg.seed
+        )
+        sampler.set_epoch(epoch)
+        return DataLoader(
+            dataset, batch_sampler=sampler, num_workers=cfg.workers, pin_memory=pin_memory
+        )
+    return DataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        drop_last=len(dataset) > cfg.batch_size,
+        num_workers=cfg.workers,
+        generator=torch.Generator().manual_seed(seed),
+        pin_memory=pin_memory,
+    )

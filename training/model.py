@@ -76,7 +76,7 @@ def weights_fingerprint(model: nn.Module) -> str:
     """
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
+        t = tensor.detach().cpu().contiguous().reshape(-1)  # 0-d tensors cannot be viewed as bytes
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()

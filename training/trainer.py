@@ -19,15 +19,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from index.atomic import atomic_write_text
 from index.datasets import Split, load_dataset
 
-from .checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
-from .config import ConfigError, FitConfig
-from .data import ImageDataset, build_transforms, drop_unreadable
+from .checkpoint import (
+    CHECKPOINT_DIR,
+    MODEL_FILE,
+    load_checkpoint,
+    load_model_weights,
+    save_checkpoint,
+)
+from .config import LOSS_OPTIONS, ConfigError, FitConfig
+from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
 from .evaluate import evaluate_retrieval
 from .losses import create_loss
 from .model import EmbeddingModel, build_model
@@ -113,7 +118,12 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
 
-    model = model_from_config(cfg, load_pretrained=not resume).to(device)
+    model = model_from_config(cfg, load_pretrained=not resume)
+    if cfg.init and not resume:
+        load_model_weights(model, Path(cfg.init) / MODEL_FILE)
+    if cfg.freeze_backbone:
+        model.backbone.requires_grad_(False)
+    model = model.to(device)
     data_config = model.data_config()
     split = _load_split(cfg, image_size=data_config["input_size"][-1])
     train_items, bad_train = drop_unreadable(split.train, "training images")
@@ -131,7 +141,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     classes = sorted({item.label for item in train_items})
     class_to_index = {name: i for i, name in enumerate(classes)}
 
-    loss_options = {"temperature": cfg.temperature} if cfg.loss == "norm_softmax" else {}
+    loss_options = {name: getattr(cfg, name) for name in LOSS_OPTIONS.get(cfg.loss, ())}
     loss_fn = create_loss(cfg.loss, model.embedding_dim, len(classes), **loss_options).to(device)
     groups = param_groups(model, loss_fn, cfg.weight_decay, cfg.layer_decay, cfg.proxy_lr_scale)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
@@ -147,8 +157,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
 
     train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, cfg.auto_augment)
     dataset = ImageDataset(train_items, class_to_index, train_tf)
-    drop_last = len(dataset) > cfg.batch_size
-    steps_per_epoch = len(dataset) // cfg.batch_size if drop_last else 1
+    steps_per_epoch = len(epoch_loader(dataset, cfg, 1))
     total_steps = cfg.epochs * steps_per_epoch
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
 
@@ -166,21 +175,13 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         # Reseeding per epoch makes a resumed run draw the same batches as an unbroken one.
         seed_everything(cfg.seed * 100_003 + epoch)
-        loader = DataLoader(
-            dataset,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            drop_last=drop_last,
-            num_workers=cfg.workers,
-            generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch),
-            pin_memory=device.type == "cuda",
-        )
+        loader = epoch_loader(dataset, cfg, epoch, pin_memory=device.type == "cuda")
         model.train()
         epoch_start = time.perf_counter()
         loss_sum, seen = 0.0, 0
         bar = tqdm(
-            total=steps_per_epoch * cfg.batch_size if drop_last else len(dataset),
-            unit="img",
+            total=steps_per_epoch,
+            unit="step",
             desc=f"epoch {epoch}/{cfg.epochs}",
             leave=False,
             disable=None,
@@ -206,7 +207,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
             scaler.update()
             loss_sum += loss.item() * len(labels)
             seen += len(labels)
-            bar.update(len(labels))
+            bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
         bar.close()
         train_seconds = time.perf_counter() - epoch_start

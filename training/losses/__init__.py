@@ -5,6 +5,8 @@ from __future__ import annotations
 from .base import MetricLoss, check_embeddings_and_labels
 from .norm_softmax import NormSoftmaxLoss
 from .registry import UnknownLossError, create_loss, loss_names, register_loss
+from .supcon import SupConLoss, create_supcon
+from .triplet import TripletMarginLoss, create_triplet
 
 
 @register_loss("norm_softmax")
@@ -12,9 +14,14 @@ def _norm_softmax(embedding_dim: int, num_classes: int, temperature: float = 0.0
     return NormSoftmaxLoss(embedding_dim, num_classes, temperature=temperature)
 
 
+register_loss("triplet")(create_triplet)
+register_loss("supcon")(create_supcon)
+
 __all__ = [
     "MetricLoss",
     "NormSoftmaxLoss",
+    "SupConLoss",
+    "TripletMarginLoss",
     "UnknownLossError",
     "check_embeddings_and_labels",
     "create_loss",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from .avg import AvgPooling
 from .base import Pooling, split_tokens
+from .ccbp import CCBP
 from .cls import ClsPooling
 from .gem import GeM
 from .ggem import GGeM
+from .jcf import JCF
 from .max import MaxPooling
 from .registry import UnknownPoolingError, create_pooling, pooling_names, register_pooling
 
@@ -39,7 +41,34 @@ def _ggem(
     return GGeM(groups=groups or num_heads, p=p), in_dim
 
 
+@register_pooling("ccbp")
+def _ccbp(
+    in_dim: int,
+    num_heads: int,
+    d: int = 256,
+    out_dim: int = 512,
+    codebook: int = 32,
+    scale: float = 10.0,
+) -> tuple[Pooling, int]:
+    return CCBP(in_dim, d=d, out_dim=out_dim, codebook=codebook, scale=scale), out_dim
+
+
+@register_pooling("jcf")
+def _jcf(
+    in_dim: int,
+    num_heads: int,
+    d: int = 256,
+    out_dim: int = 512,
+    codebook: int = 32,
+    rank: int = 8,
+    scale: float = 10.0,
+) -> tuple[Pooling, int]:
+    return JCF(in_dim, d=d, out_dim=out_dim, codebook=codebook, rank=rank, scale=scale), out_dim
+
+
 __all__ = [
+    "CCBP",
+    "JCF",
     "AvgPooling",
     "ClsPooling",
     "GGeM",
