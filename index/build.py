@@ -84,10 +84,16 @@ def build_index(
     factory: str | None = None,
     save_every: int = 2048,
     progress: bool = True,
+    store: IndexStore | None = None,
 ) -> BuildReport:
-    """Add `items` to the index in `out` (created if missing); returns what happened."""
+    """Add `items` to the index in `out` (created if missing); returns what happened.
+
+    `store`: the index in `out` when the caller has already opened it (with this
+    embedder's model), to avoid loading and verifying it twice.
+    """
     started = time.perf_counter()
-    store = open_or_create(out, embedder, factory)
+    if store is None:
+        store = open_or_create(out, embedder, factory)
     report = BuildReport(total=len(items))
     todo = [item for item in items if item.key not in store]
     report.already_present = len(items) - len(todo)

@@ -33,14 +33,16 @@ def _embedder(model: Path, args: argparse.Namespace):
     return Embedder(model, device=args.device, batch_size=args.batch_size)
 
 
-def _index_model(index: Path, override: str | None) -> Path:
-    """The model an index was built with; `--model` may only name the same weights."""
+def _open_index(index: Path, override: str | None):
+    """Open (and verify) an index once, with the model to embed for it.
+
+    The model is the index's own copy; `--model` may only name the same weights.
+    Returns (store, model path).
+    """
     from .model_metadata import read_model_metadata
     from .store import IndexStore, StoreError
 
     store = IndexStore.open(index)
-    if store.model_path is None:
-        raise StoreError(f"{index} holds no copy of its model; pass --model")
     if override:
         theirs = read_model_metadata(override).fingerprint
         if theirs != store.fingerprint:
@@ -48,8 +50,10 @@ def _index_model(index: Path, override: str | None) -> Path:
                 f"--model {override} has fingerprint {theirs[:12]}, the index was built with "
                 f"{(store.fingerprint or '')[:12]}"
             )
-        return Path(override)
-    return store.model_path
+        return store, Path(override)
+    if store.model_path is None:
+        raise StoreError(f"{index} holds no copy of its model; pass --model")
+    return store, store.model_path
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -58,9 +62,18 @@ def _build(args: argparse.Namespace) -> int:
 
     items = read_sources(args.images, args.labels_from_folders)
     out = Path(args.out)
-    model = Path(args.model) if args.model else _index_model(out, None)
+    store = None
+    if args.model:
+        model = Path(args.model)
+    else:
+        store, model = _open_index(out, None)
     report = build_index(
-        items, out, _embedder(model, args), factory=args.factory, save_every=args.save_every
+        items,
+        out,
+        _embedder(model, args),
+        factory=args.factory,
+        save_every=args.save_every,
+        store=store,
     )
     for failure in report.failed[:10]:
         print(f"  skipped {failure['key']}: {failure['reason']}")
@@ -108,16 +121,16 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from .images import open_image
-    from .store import IndexStore
+    from .images import ImageDecodeError
 
     if args.k < 1:
         raise ValueError("-k must be at least 1")
-    model = _index_model(Path(args.index), args.model)
-    store = IndexStore.open(args.index)
-    embedder = _embedder(model, args)
-    images = [open_image(path) for path in args.images]
-    results = store.search(embedder.embed_images(images), args.k, label=args.label)
+    store, model = _open_index(Path(args.index), args.model)
+    # the embedder's own decoding, exactly as `build` decoded the catalogue
+    embedded = _embedder(model, args).embed_sources(args.images)
+    if embedded.errors:
+        raise ImageDecodeError(embedded.errors[0][1])
+    results = store.search(embedded.embeddings, args.k, label=args.label)
     if args.json:
         payload = [
             {

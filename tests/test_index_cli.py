@@ -188,3 +188,24 @@ def test_bench_ivf_reports_fidelity(tmp_path, capsys, tiny_onnx):
 def test_user_errors_one_line(capsys, argv, needle):
     code, _, err = run(capsys, *argv)
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_indexed_jpeg_finds_itself_with_score_one(tmp_path, capsys, tiny_onnx):
+    """Queries are decoded exactly as the catalogue was (reduced-scale JPEG decoding)."""
+    from PIL import Image
+    from skimage import data as skdata
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in ("astronaut", "coffee", "chelsea", "rocket"):
+        Image.fromarray(getattr(skdata, name)()).save(folder / f"{name}.jpg", quality=90)
+    index = tmp_path / "index"
+    assert run(capsys, "build", "--model", tiny_onnx, "--images", folder, "--out", index)[0] == 0
+    code, out, err = run(capsys, "search", index, folder / "coffee.jpg", "-k", "2", "--json")
+    assert code == 0, err
+    top = json.loads(out)[0]["hits"][0]
+    assert top["key"] == "coffee.jpg"
+    # the same pixels give the same vector: full decoding of the query would give 1 - 2e-6
+    assert top["score"] == pytest.approx(1.0, abs=5e-7)
+    code, _, err = run(capsys, "search", index, tmp_path / "missing.jpg")
+    assert code == 2 and "missing.jpg" in err and "Traceback" not in err
