@@ -256,7 +256,7 @@ def image_folder(root: str | Path) -> list[Item]:
         raise DatasetError(f"{root}: no class sub-folders found (expected root/<class>/<image>)")
     items = []
     for class_dir in class_dirs:
-        files = [p for p in class_dir.rglob("*") if _is_image_file(p, class_dir)]
+        files = [p for p in class_dir.rglob("*") if is_image_file(p, class_dir)]
         if not files:
             raise DatasetError(
                 f"{class_dir}: class folder holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})"
@@ -267,8 +267,9 @@ def image_folder(root: str | Path) -> list[Item]:
     return sorted(items, key=lambda item: item.key)
 
 
-def _is_image_file(path: Path, class_dir: Path) -> bool:
-    relative = path.relative_to(class_dir)
+def is_image_file(path: Path, root: Path) -> bool:
+    """A file below `root` with an image extension and no hidden part in its path."""
+    relative = path.relative_to(root)
     return (
         path.suffix.lower() in IMAGE_EXTENSIONS
         and not any(part.startswith(".") for part in relative.parts)

@@ -17,7 +17,7 @@ import csv
 from pathlib import Path
 
 from .atomic import atomic_path
-from .datasets import IMAGE_EXTENSIONS, DatasetError, Item, csv_list
+from .datasets import DatasetError, Item, csv_list, is_image_file
 
 
 def walk_images(root: Path, labels_from_folders: bool = False) -> list[Item]:
@@ -25,12 +25,8 @@ def walk_images(root: Path, labels_from_folders: bool = False) -> list[Item]:
     if not root.is_dir():
         raise DatasetError(f"image folder not found: {root}")
     items = []
-    for path in sorted(root.rglob("*")):
+    for path in sorted(p for p in root.rglob("*") if is_image_file(p, root)):
         relative = path.relative_to(root)
-        if any(part.startswith(".") for part in relative.parts):
-            continue
-        if not path.is_file() or path.suffix.lower() not in IMAGE_EXTENSIONS:
-            continue
         label = relative.parts[0] if labels_from_folders and len(relative.parts) > 1 else None
         items.append(Item(key=relative.as_posix(), label=label, path=path))
     return items
