@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_RUN ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo bench clean
+.PHONY: install test lint format demo bench bench-search clean
 
 # The stamp is rebuilt whenever pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -41,8 +41,15 @@ demo: install
 	$(BIN)/vitrieval-index search $(DEMO_RUN)/index $(DEMO_RUN)/images/7/digits_00017.png -k 5
 	@echo "demo: model $(DEMO_RUN)/model.onnx, index $(DEMO_RUN)/index, curves $(DEMO_RUN)/curves.png"
 
+# The benchmarks of docs/benchmarks.md; int8 needs the demo model (`make demo` first),
+# bench-search takes about 10 minutes on 2 cores.
 bench: install
-	$(BIN)/python bench/pooling_step.py
+	$(BIN)/python bench/pooling_step.py --preset small --steps 10 --rounds 5
+	$(BIN)/python bench/embedder_throughput.py --images 512 --rounds 3
+	$(BIN)/python bench/int8_vs_fp32.py --model $(DEMO_RUN)/model.onnx
+
+bench-search: install
+	$(BIN)/python bench/search_qps.py --latency 100
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from PIL import Image
 from skimage import data as skdata
 from timm.data import create_transform
@@ -58,13 +58,6 @@ def write_photos(folder: Path, count: int, size: int, seed: int = 0) -> list[Pat
         crop.save(path, quality=90)
         paths.append(path)
     return paths
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main() -> None:
@@ -129,7 +122,7 @@ def main() -> None:
     rate = {name: len(paths) / statistics.median(t) for name, t in times.items()}
     names = list(cases)
     print(
-        f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), onnxruntime {ort.__version__}, {embedder.provider}"
     )
     print(

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 import torch
+from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 
 from training.backbones import PRESETS
 from training.losses import create_loss
@@ -42,17 +43,6 @@ NUM_CLASSES = 10
 COLUMNS = ("pool", "median step ms", "min step ms", "img/s", "ratio vs avg")
 COLUMNS += ("pool fwd+bwd ms", "pool share %")
 SEED = 0
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 class Case:

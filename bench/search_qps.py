@@ -46,6 +46,7 @@ from typing import Any
 
 import faiss
 import numpy as np
+from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from threadpoolctl import threadpool_limits
 
 D, K, CLUSTERS, SEED = 384, 10, 1000, 0
@@ -110,11 +111,14 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
 
 
 def machine(threads: int) -> dict[str, Any]:
-    cpu = platform.processor()
-    with open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "faiss": faiss.__version__,
-            "numpy": np.__version__, "python": platform.python_version()}  # fmt: skip
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "faiss": faiss.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def measure(
