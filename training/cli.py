@@ -19,6 +19,7 @@ from index.model_metadata import ModelMetadataError
 from .backbones import BackboneError, vit_names
 from .checkpoint import CheckpointError
 from .config import ConfigError, FitConfig, add_config_arguments, config_from_args, load_config_file
+from .pooling import PoolingOptionError
 from .registry import UnknownNameError
 
 FIT_FIELDS = {f.name for f in fields(FitConfig)}
@@ -30,6 +31,7 @@ USER_ERRORS = (
     DatasetError,
     ImageDecodeError,
     ModelMetadataError,
+    PoolingOptionError,
     UnknownNameError,
 )
 

@@ -36,6 +36,13 @@ LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Which config fields each pooling's factory takes, under which option name.
+POOL_OPTIONS: dict[str, dict[str, str]] = {
+    "gem": {"p": "pool_p"},
+    "ggem": {"p": "pool_p", "groups": "pool_groups"},
+}
+
+
 def _opt(help: str, default: Any = None, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 

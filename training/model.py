@@ -59,9 +59,6 @@ def build_model(
     net = create_backbone(backbone, pretrained=pretrained, drop_path_rate=drop_path_rate)
     width = int(net.num_features)
     heads = int(net.blocks[0].attn.num_heads) if hasattr(net, "blocks") else 1
-    groups = (pool_options or {}).get("groups")
-    if pool == "ggem" and width % (groups or heads):
-        raise BackboneError(f"ggem: {width} channels cannot be split into {groups or heads} groups")
     if pool == "cls" and not getattr(net, "has_class_token", net.num_prefix_tokens > 0):
         raise BackboneError(f"{backbone} has no class token; choose another --pool")
     pooling, pooled_dim = create_pooling(pool, width, heads, **(pool_options or {}))

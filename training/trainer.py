@@ -31,7 +31,7 @@ from .checkpoint import (
     load_model_weights,
     save_checkpoint,
 )
-from .config import LOSS_OPTIONS, ConfigError, FitConfig
+from .config import LOSS_OPTIONS, POOL_OPTIONS, ConfigError, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
 from .evaluate import evaluate_retrieval
 from .losses import create_loss
@@ -62,11 +62,11 @@ def pick_device(name: str) -> torch.device:
 
 
 def model_from_config(cfg: FitConfig, load_pretrained: bool = True) -> EmbeddingModel:
-    pool_options: dict = {}
-    if cfg.pool in ("gem", "ggem"):
-        pool_options["p"] = cfg.pool_p
-    if cfg.pool == "ggem" and cfg.pool_groups:
-        pool_options["groups"] = cfg.pool_groups
+    pool_options = {
+        option: getattr(cfg, field)
+        for option, field in POOL_OPTIONS.get(cfg.pool, {}).items()
+        if getattr(cfg, field) is not None
+    }
     return build_model(
         cfg.backbone,
         cfg.pool,

@@ -10,7 +10,13 @@ from .gem import GeM
 from .ggem import GGeM
 from .jcf import JCF
 from .max import MaxPooling
-from .registry import UnknownPoolingError, create_pooling, pooling_names, register_pooling
+from .registry import (
+    PoolingOptionError,
+    UnknownPoolingError,
+    create_pooling,
+    pooling_names,
+    register_pooling,
+)
 
 
 @register_pooling("cls")
@@ -37,8 +43,10 @@ def _gem(in_dim: int, num_heads: int, p: float = 3.0) -> tuple[Pooling, int]:
 def _ggem(
     in_dim: int, num_heads: int, p: float = 3.0, groups: int | None = None
 ) -> tuple[Pooling, int]:
-    # The paper's recommendation: one group per attention head.
-    return GGeM(groups=groups or num_heads, p=p), in_dim
+    groups = groups or num_heads  # the paper's recommendation: one group per attention head
+    if groups < 1 or in_dim % groups:
+        raise PoolingOptionError(f"ggem: {in_dim} channels cannot be split into {groups} groups")
+    return GGeM(groups=groups, p=p), in_dim
 
 
 @register_pooling("ccbp")
@@ -75,6 +83,7 @@ __all__ = [
     "GeM",
     "MaxPooling",
     "Pooling",
+    "PoolingOptionError",
     "UnknownPoolingError",
     "create_pooling",
     "pooling_names",

@@ -21,6 +21,10 @@ class UnknownPoolingError(UnknownNameError):
     """Raised for a `--pool` name that is not registered; lists the valid names."""
 
 
+class PoolingOptionError(ValueError):
+    """Options a pooling cannot be built with for this backbone; the message says why."""
+
+
 POOLINGS: Registry[PoolingFactory] = Registry("pooling", UnknownPoolingError)
 register_pooling = POOLINGS.register
 pooling_names = POOLINGS.names
