@@ -36,6 +36,15 @@ def test_fit_and_export_digits(tmp_path, capsys):
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["backbone"] == "tiny" and saved["pool"] == "ggem" and saved["layer_decay"] == 1.0
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the checkpoint holds the last epoch only, and the run's weights are that file
+    kept = sorted(p.name for p in (run / "checkpoint").iterdir())
+    assert kept == [
+        "loss-2.safetensors",
+        "model-2.safetensors",
+        "optimizer-2.safetensors",
+        "state.json",
+    ]
+    assert (run / "model.safetensors").samefile(run / "checkpoint" / "model-2.safetensors")
     out = capsys.readouterr().out
     assert "done: 2 epochs" in out
 

@@ -1,8 +1,13 @@
 """Run-folder checkpoints, in safetensors only (loading runs no code), written atomically.
 
     RUN/model.safetensors          the embedding model's weights after the last epoch
-    RUN/checkpoint/model.safetensors, loss.safetensors, optimizer.safetensors, state.json
-                                   everything `--resume` needs
+    RUN/checkpoint/state.json      the commit: epoch, config and the names of
+    RUN/checkpoint/{model,loss,optimizer}-<epoch>.safetensors   what `--resume` needs
+
+Each epoch writes its files under new names, then `state.json` (atomically) names
+them, and only then are the previous epoch's files deleted: a crash at any moment
+leaves `state.json` pointing at one complete epoch. `RUN/model.safetensors` is a hard
+link to the checkpoint's model file, so the weights are written once per epoch.
 
 The optimiser state is flattened into tensors named `state.<param index>.<key>`; its
 param-group settings travel as JSON in the safetensors metadata. The random state
@@ -13,16 +18,19 @@ same batches and augmentations as an uninterrupted one.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save
 
-from index.atomic import atomic_write_bytes, atomic_write_text
+from index.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
 
 MODEL_FILE = "model.safetensors"
 CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_PARTS = ("model", "loss", "optimizer")
 
 
 class CheckpointError(ValueError):
@@ -82,15 +90,32 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     state: dict,
 ) -> None:
-    """Write the resumable state, then the plain model weights; `state.json` last, as the commit."""
+    """Write this epoch's files, link the model weights, then commit with `state.json`."""
     folder = run / CHECKPOINT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    save_tensors(folder / "model.safetensors", model.state_dict())
-    save_tensors(folder / "loss.safetensors", loss.state_dict())
+    files = {part: f"{part}-{state['epoch']}.safetensors" for part in CHECKPOINT_PARTS}
+    save_tensors(folder / files["model"], model.state_dict())
+    save_tensors(folder / files["loss"], loss.state_dict())
     opt_tensors, opt_meta = _flatten_optimizer(optimizer)
-    save_tensors(folder / "optimizer.safetensors", opt_tensors, opt_meta)
-    save_tensors(run / MODEL_FILE, model.state_dict())
-    atomic_write_text(folder / "state.json", json.dumps(state))
+    save_tensors(folder / files["optimizer"], opt_tensors, opt_meta)
+    _link_replace(folder / files["model"], run / MODEL_FILE)
+    atomic_write_text(folder / "state.json", json.dumps({**state, "files": files}))
+    for stale in folder.glob("*.safetensors"):
+        if stale.name not in files.values():
+            stale.unlink()
+
+
+def _link_replace(source: Path, target: Path) -> None:
+    """Make `target` a hard link to `source` (a copy where links are not supported),
+    replacing it atomically."""
+    tmp = target.with_name(f".{target.name}.link")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
 
 
 def load_checkpoint(
@@ -100,15 +125,17 @@ def load_checkpoint(
     folder = run / CHECKPOINT_DIR
     if not (folder / "state.json").is_file():
         raise CheckpointError(f"{run} has no checkpoint to resume from")
-    load_model_weights(model, folder / "model.safetensors")
+    state = json.loads((folder / "state.json").read_text())
+    files = state["files"]
+    load_model_weights(model, folder / files["model"])
     try:
-        loss.load_state_dict(load_file(str(folder / "loss.safetensors")))
+        loss.load_state_dict(load_file(str(folder / files["loss"])))
     except Exception as exc:  # e.g. --resume with another dataset: other class count
         raise CheckpointError(f"the checkpoint's loss state does not fit this run: {exc}") from None
     from safetensors import safe_open
 
-    with safe_open(str(folder / "optimizer.safetensors"), framework="pt") as fh:
+    with safe_open(str(folder / files["optimizer"]), framework="pt") as fh:
         metadata = fh.metadata() or {}
         tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
     optimizer.load_state_dict(_unflatten_optimizer(tensors, metadata))
-    return json.loads((folder / "state.json").read_text())
+    return state
