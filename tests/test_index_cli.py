@@ -35,34 +35,15 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_build_search_info_remove(tmp_path, capsys, photo_folder, tiny_onnx):
     index = tmp_path / "index"
-    code, out, _ = run(
-        capsys,
-        "build",
-        "--model",
-        tiny_onnx,
-        "--images",
-        photo_folder,
-        "--out",
-        index,
-        "--labels-from-folders",
-    )
+    build = ("build", "--model", tiny_onnx, "--images", photo_folder, "--out", index)
+    code, out, _ = run(capsys, *build, "--labels-from-folders")
     assert code == 0
     assert "indexed 38 of 40 images" in out and "2 unreadable" in out
     report = json.loads((index / "build_report.json").read_text())
     assert sorted(Path(f["key"]).name for f in report["failed"]) == ["broken.png", "notes.jpg"]
 
     # re-running skips what is there
-    code, out, _ = run(
-        capsys,
-        "build",
-        "--model",
-        tiny_onnx,
-        "--images",
-        photo_folder,
-        "--out",
-        index,
-        "--labels-from-folders",
-    )
+    code, out, _ = run(capsys, *build, "--labels-from-folders")
     assert code == 0 and "indexed 0 of 40" in out and "38 already present" in out
 
     code, out, _ = run(capsys, "info", index, "--json")
