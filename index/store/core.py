@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from . import manifest as mf
 from .checks import as_matrix, check_keys, check_unit, metadata_column, text_column
 from .errors import StoreError
 from .items import Hit, ItemRecord, ItemTable, Row
+from .journal import JOURNAL_FILE, Journal
 from .vectors import VectorIndex, check_gpu_mode
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,11 @@ class IndexStore:
         self._created = committed.created if committed else mf.now_iso()
         self._dirty = committed is None
         self._lock = threading.RLock()
+        # the folder's mutation journal (see journal.py): written to by add/remove only
+        # with journal=True, truncated by every save that commits what it holds
+        self._journal: Journal | None = None
+        self._journaling = False
+        self._journal_seq = 0  # last journal row reflected in memory
         # whether this factory ever needs training (IVF, PQ), independent of the state now
         self._trainable = not VectorIndex.create(dim, factory, "cpu").is_trained
 
@@ -105,6 +112,10 @@ class IndexStore:
             base_generation=mf.committed_generation(directory) if directory.is_dir() else None,
         )
         store._model_source = source
+        if directory.is_dir():
+            # rows journalled against the index this store replaces die with it at save()
+            store._journal = Journal.open_existing(directory, dim)
+            store._journal_seq = store._journal.last_seq() if store._journal else 0
         return store
 
     @staticmethod
@@ -129,10 +140,14 @@ class IndexStore:
         fingerprint: str | None = None,
         dim: int | None = None,
         gpu: str = "auto",
+        journal: bool = False,
     ) -> IndexStore:
-        """Load the committed generation of `directory`, verifying every checksum.
+        """Load the committed generation of `directory`, verifying every checksum, and
+        replay the mutations its journal still holds (journal.py).
 
         fingerprint / dim: refuse an index built with another model or dimension.
+        journal: make every later add() and remove() durable on return, through the
+        journal, instead of only at the next save() (what a live server needs).
         A save by another process between reading the manifest and its files is
         retried; a damaged or incomplete index is a StoreError, never served.
         """
@@ -142,7 +157,9 @@ class IndexStore:
             manifest = mf.read_manifest(directory)
             cls._check_expected(manifest, directory, fingerprint, dim)
             try:
-                return cls._load(directory, manifest, gpu)
+                store = cls._load(directory, manifest, gpu)
+                store._attach_journal(create=journal)
+                return store
             except StoreError:
                 moved_on = mf.committed_generation(directory) != manifest.generation
                 if not moved_on or attempt == _OPEN_RETRIES - 1:
@@ -197,6 +214,38 @@ class IndexStore:
                 f"manifest count {manifest.count}"
             )
         return store
+
+    def _attach_journal(self, *, create: bool) -> None:
+        """Replay the folder's journal; with `create`, journal every later mutation."""
+        path = self.directory / JOURNAL_FILE
+        journal = (
+            Journal(path, self.dim) if create else Journal.open_existing(self.directory, self.dim)
+        )
+        if journal is None:
+            return
+        try:
+            replayed = 0
+            for entry in journal.entries():
+                if entry.op == "add":
+                    self.add(
+                        [entry.key],
+                        entry.vector[None, :],
+                        labels=[entry.label],
+                        paths=[entry.path],
+                        metadata=[entry.metadata],
+                        replace=True,
+                    )
+                else:
+                    self.remove([entry.key])
+                self._journal_seq = entry.seq
+                replayed += 1
+        except BaseException:
+            journal.close()
+            self.close()
+            raise
+        self._journal, self._journaling = journal, create
+        if replayed:
+            logger.info("replayed %d journalled mutation(s) of %s", replayed, self.directory)
 
     # -- attributes and small queries ---------------------------------------------------
 
@@ -284,7 +333,12 @@ class IndexStore:
                 for i, k, lab, p, m, v in zip(ids, keys, labels_, paths_, metadata_, x, strict=True)
             ]
             old = np.fromiter(existing.values(), dtype=np.int64)
-            with self._items.transaction():
+            with (
+                self._journalled(
+                    "add", keys, vectors=x, labels=labels_, paths=paths_, metadata=metadata_
+                ),
+                self._items.transaction(),
+            ):
                 self._retire_rows(old)  # frees the keys for the new rows
                 self._items.insert(rows)
                 self._vectors.add(x, ids)
@@ -301,10 +355,26 @@ class IndexStore:
         with self._lock:
             found = self._items.live_ids(list(dict.fromkeys(keys)))
             if found:
-                with self._items.transaction():
+                with self._journalled("remove", list(found)), self._items.transaction():
                     self._remove_ids(np.fromiter(found.values(), dtype=np.int64))
                 self._dirty = True
             return len(found)
+
+    @contextlib.contextmanager
+    def _journalled(self, op: str, keys: Sequence[str], **columns: Any) -> Iterator[None]:
+        """Journal a mutation durably before the block applies it in memory; take the
+        row back out if applying fails, so replay never meets a mutation that failed."""
+        if not self._journaling:
+            yield
+            return
+        before = self._journal_seq
+        self._journal_seq = self._journal.append(op, keys, **columns)
+        try:
+            yield
+        except BaseException:
+            self._journal.discard(before)
+            self._journal_seq = before
+            raise
 
     def _remove_ids(self, ids: np.ndarray) -> None:
         """Delete live `ids` from SQLite and FAISS (inside the caller's transaction)."""
@@ -457,6 +527,8 @@ class IndexStore:
         self._committed, self._base_generation, self._model = manifest, generation, model
         self._model_source, self._dirty = None, False
         keep = set(files) | ({model.file} if model and model.file else set())
+        if self._journal is not None:
+            self._journal.truncate(self._journal_seq)
         removed = mf.remove_stale(self.directory, keep)
         logger.debug("committed generation %d; removed %s", generation, removed)
 
@@ -509,6 +581,7 @@ class IndexStore:
                 "bytes_on_disk": sum(entry.bytes for entry in files.values()),
                 "files": {name: entry.to_json() for name, entry in files.items()},
                 "unsaved_changes": self._dirty or self._model_source is not None,
+                "journal_pending": len(self._journal) if self._journal is not None else 0,
                 "created": self._created,
                 "updated": committed.updated if committed else None,
             }
@@ -517,6 +590,9 @@ class IndexStore:
         """Release the SQLite connection (unsaved changes are lost)."""
         with self._lock:
             self._items.close()
+            if self._journal is not None:
+                self._journal.close()
+                self._journal = None
 
     def __enter__(self) -> IndexStore:
         return self

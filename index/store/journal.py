@@ -1,0 +1,171 @@
+"""Write-ahead journal: mutations made durable one by one, between two saves.
+
+`IndexStore.save()` writes a whole generation, which is right for a batch build but
+far too slow to run after every single add of a live server. A store opened with
+`journal=True` therefore writes each add or remove to INDEX/journal.sqlite first
+(one SQLite transaction, synchronous=FULL, so the commit has reached the disk when
+`add()` returns) and applies it in memory; a later save() commits a generation that
+contains everything journalled so far and then deletes those journal rows.
+
+Every `IndexStore.open()` replays the rows still in the journal on top of the
+committed generation, whoever opens the folder (the server after a crash, or the
+`vitrieval-index` CLI). Replay is idempotent: an add is replayed as add-or-replace
+and a remove of an absent key is a no-op, so rows that a crash left behind after
+their generation was already committed apply cleanly a second time.
+
+Table::
+
+    ops(seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT ('add' | 'remove'),
+        key TEXT NOT NULL, label TEXT, path TEXT, metadata TEXT (JSON object),
+        vector BLOB (dim little-endian float32; NULL for 'remove'))
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import StoreError
+
+JOURNAL_FILE = "journal.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ops (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    op TEXT NOT NULL CHECK (op IN ('add', 'remove')),
+    key TEXT NOT NULL,
+    label TEXT,
+    path TEXT,
+    metadata TEXT,
+    vector BLOB
+)
+"""
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One journalled mutation; `vector` is float32 (dim,) for adds, None for removes."""
+
+    seq: int
+    op: str
+    key: str
+    label: str | None
+    path: str | None
+    metadata: dict
+    vector: np.ndarray | None
+
+
+class Journal:
+    """INDEX/journal.sqlite (see the module docstring). Not thread-safe by itself: the
+    store calls it under its own lock."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        self.path = path
+        self.dim = dim
+        try:
+            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit is on the disk (WAL fsynced) before it returns
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: cannot open the mutation journal ({exc})") from None
+
+    @classmethod
+    def open_existing(cls, directory: Path, dim: int) -> Journal | None:
+        """The folder's journal if the file exists (None otherwise; nothing is created)."""
+        path = directory / JOURNAL_FILE
+        return cls(path, dim) if path.is_file() else None
+
+    def append(
+        self,
+        op: str,
+        keys: Sequence[str],
+        *,
+        vectors: np.ndarray | None = None,
+        labels: Sequence[str | None] | None = None,
+        paths: Sequence[str | None] | None = None,
+        metadata: Sequence[str] | None = None,
+    ) -> int:
+        """Write one row per key in a single durable transaction; returns the last seq.
+
+        For op="add", `vectors` is float32 (n, dim) and `metadata` JSON text per key.
+        """
+        n = len(keys)
+        if op == "add":
+            assert vectors is not None and vectors.shape == (n, self.dim)
+            rows = [
+                (
+                    op,
+                    keys[i],
+                    labels[i] if labels else None,
+                    paths[i] if paths else None,
+                    metadata[i] if metadata else "{}",
+                    np.ascontiguousarray(vectors[i], dtype="<f4").tobytes(),
+                )
+                for i in range(n)
+            ]
+        elif op == "remove":
+            rows = [(op, key, None, None, None, None) for key in keys]
+        else:
+            raise ValueError(f"unknown journal op {op!r}")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "INSERT INTO ops (op, key, label, path, metadata, vector) VALUES (?,?,?,?,?,?)",
+                rows,
+            )
+            (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM ops").fetchone()
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreError(f"{self.path}: cannot write the mutation journal ({exc})") from None
+        return int(last)
+
+    def discard(self, after: int) -> None:
+        """Delete rows with seq > `after` (a mutation that failed after being journalled)."""
+        self._db.execute("DELETE FROM ops WHERE seq > ?", (after,))
+
+    def last_seq(self) -> int:
+        (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM ops").fetchone()
+        return int(last)
+
+    def __len__(self) -> int:
+        (count,) = self._db.execute("SELECT COUNT(*) FROM ops").fetchone()
+        return int(count)
+
+    def entries(self) -> Iterator[JournalEntry]:
+        """Every row in seq order (the order the mutations were acknowledged in)."""
+        try:
+            cursor = self._db.execute(
+                "SELECT seq, op, key, label, path, metadata, vector FROM ops ORDER BY seq"
+            )
+            for seq, op, key, label, path, metadata, blob in cursor:
+                vector = None
+                if op == "add":
+                    vector = np.frombuffer(blob, dtype="<f4").astype(np.float32)
+                    if vector.shape != (self.dim,):
+                        raise StoreError(
+                            f"{self.path}: journal row {seq} holds a {vector.size}-d vector, "
+                            f"the index is {self.dim}-d"
+                        )
+                yield JournalEntry(seq, op, key, label, path, json.loads(metadata or "{}"), vector)
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            raise StoreError(f"{self.path}: the mutation journal is damaged ({exc})") from None
+
+    def truncate(self, upto: int) -> None:
+        """Delete rows with seq <= `upto`: they are in a committed generation now."""
+        self._db.execute("DELETE FROM ops WHERE seq <= ?", (upto,))
+        if len(self) == 0:
+            # keep the WAL file from growing without bound on a busy server
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        self._db.close()
