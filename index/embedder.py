@@ -144,6 +144,15 @@ class Embedder:
         ]
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
+    def prepare(self, source: str | os.PathLike[str] | bytes) -> np.ndarray:
+        """Decode and preprocess one image exactly as the batch pipeline does:
+        a path or encoded bytes -> float32 (3, S, S), ready for `embed_arrays`.
+
+        For callers that batch on their own (the HTTP service). Raises ImageDecodeError
+        (or a subclass) for an unreadable, oversized, disallowed or corrupt image.
+        """
+        return self._preprocess(open_image(source, self.max_pixels, self.draft_size))
+
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """Decoded PIL images (any size; converted to RGB) -> float32 (N, D), unit rows.
 

@@ -41,7 +41,7 @@ class ImageTooLargeError(ImageDecodeError):
 
 
 class UnsupportedFormatError(ImageDecodeError):
-    """The file is not one of `ALLOWED_FORMATS`."""
+    """The file is not an image, or not one of `ALLOWED_FORMATS`."""
 
 
 Source = str | os.PathLike[str] | bytes
@@ -73,7 +73,7 @@ def open_image(
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
                 image = Image.open(fp, formats=None)
         except UnidentifiedImageError:
-            raise ImageDecodeError(f"{name}: not a recognised image file") from None
+            raise UnsupportedFormatError(f"{name}: not a recognised image file") from None
         except Image.DecompressionBombError as exc:
             raise ImageTooLargeError(f"{name}: {exc}") from None
         except OSError as exc:

@@ -1,19 +1,133 @@
-"""`vitrieval-serve`: the HTTP search service."""
+"""`vitrieval-serve`: the HTTP search service for one model and one index.
+
+Loads the model and the index before binding the port, so a wrong path or a
+mismatched index ends with one line on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
+# flags -> Settings fields; each also reads VITRIEVAL_<FIELD> from the environment
+_FLAGS = {
+    "model": "model",
+    "index": "index",
+    "host": "host",
+    "port": "port",
+    "workers": "workers",
+    "device": "device",
+    "max_batch_size": "max_batch_size",
+    "max_batch_wait_ms": "max_batch_wait_ms",
+    "max_body_bytes": "max_body_bytes",
+    "request_timeout_s": "request_timeout_s",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vitrieval-serve",
+        description="Serve similar-image search over HTTP (docs: /docs; web page: /). "
+        "Every option can also be set as an environment variable VITRIEVAL_<NAME>.",
+    )
+    parser.add_argument("--model", help="exported model (.onnx)")
+    parser.add_argument("--index", help="index directory built with that model")
+    parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default 8000)")
+    parser.add_argument("--workers", type=int, help="server processes (read-only only)")
+    parser.add_argument("--device", help="auto | cpu | cuda | cuda:N | tensorrt")
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        default=None,
+        help="turn the mutation routes off (no API key needed)",
+    )
+    batching = parser.add_mutually_exclusive_group()
+    batching.add_argument(
+        "--batching",
+        dest="batching",
+        action="store_true",
+        default=None,
+        help="dynamic batching of concurrent queries (default)",
+    )
+    batching.add_argument("--no-batching", dest="batching", action="store_false")
+    parser.add_argument("--max-batch-size", type=int, help="largest model batch (default 32)")
+    parser.add_argument(
+        "--max-batch-wait-ms", type=float, help="longest wait for a batch to fill (default 2)"
+    )
+    parser.add_argument("--max-body-bytes", type=int, help="request size limit (default 20 MiB)")
+    parser.add_argument("--request-timeout-s", type=float, help="request time limit (default 30)")
+    parser.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+    return parser
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vitrieval-serve", description=__doc__.splitlines()[0])
-    parser.parse_args(argv)
-    print(
-        "vitrieval-serve: the search service is not available in this version yet", file=sys.stderr
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return 2
+    from .settings import Settings
+    from .state import ServiceState, StartupError
+
+    overrides = {field: getattr(args, flag) for flag, field in _FLAGS.items()}
+    overrides["read_only"] = args.read_only
+    overrides["batching"] = args.batching
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        print(f"vitrieval-serve: {message}", file=sys.stderr)
+        return 2
+    try:
+        state = ServiceState.load(settings)
+    except StartupError as exc:
+        print(f"vitrieval-serve: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    print(
+        f"vitrieval-serve: {len(state.store)} items; web page http://{_url_host(settings.host)}:"
+        f"{settings.port}/ , API docs /docs",
+        file=sys.stderr,
+        flush=True,
+    )
+    if settings.workers > 1:
+        # each worker process loads its own copy; the settings travel in the environment
+        state.close()
+        for field, value in overrides.items():
+            os.environ[f"VITRIEVAL_{field.upper()}"] = str(value)
+        uvicorn.run(
+            "service.app:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=args.log_level,
+        )
+        return 0
+    from .app import create_app
+
+    uvicorn.run(
+        create_app(settings, state),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ gpu="cpu" never uses a GPU; gpu="cuda" without one is a StoreError.
 """
 
 from .core import AUTO_COMPACT_FRACTION, IndexStore
-from .errors import StoreError
+from .errors import KeyExistsError, StoreError
 from .items import Hit, ItemRecord
 from .vectors import suggest_factory
 
@@ -69,6 +69,7 @@ __all__ = [
     "Hit",
     "IndexStore",
     "ItemRecord",
+    "KeyExistsError",
     "StoreError",
     "suggest_factory",
 ]

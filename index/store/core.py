@@ -18,7 +18,7 @@ from ..atomic import atomic_path
 from ..model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
 from .checks import as_matrix, check_keys, check_unit, metadata_column, text_column
-from .errors import StoreError
+from .errors import KeyExistsError, StoreError
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import JOURNAL_FILE, Journal
 from .vectors import VectorIndex, check_gpu_mode
@@ -282,6 +282,23 @@ class IndexStore:
         with self._lock:
             return self._items.get(key)
 
+    def labelled_items(self, limit: int | None = None) -> tuple[list[str], list[str], np.ndarray]:
+        """(keys, labels, float32 (n, dim) vectors) of the live labelled items in insertion
+        order: the input of a leave-one-out evaluation. More than `limit` items is a
+        StoreError (checked before anything is read)."""
+        with self._lock:
+            if limit is not None and (n := self._items.count_labelled()) > limit:
+                raise StoreError(
+                    f"the index holds {n} labelled items, more than the {limit} allowed"
+                )
+            return self._items.labelled(self.dim)
+
+    @property
+    def journal_pending(self) -> int:
+        """Mutations in the journal that no save has committed yet."""
+        with self._lock:
+            return len(self._journal) if self._journal is not None else 0
+
     def needs_training(self) -> bool:
         """Whether train() must run before add() (IVF and PQ factories)."""
         return not self._vectors.is_trained
@@ -323,7 +340,7 @@ class IndexStore:
             existing = self._items.live_ids(keys)
             if existing and not replace:
                 first = next(iter(existing))
-                raise StoreError(
+                raise KeyExistsError(
                     f"{len(existing)} key(s) already in the index, e.g. {first!r}; "
                     "pass replace=True to overwrite them"
                 )
@@ -581,7 +598,7 @@ class IndexStore:
                 "bytes_on_disk": sum(entry.bytes for entry in files.values()),
                 "files": {name: entry.to_json() for name, entry in files.items()},
                 "unsaved_changes": self._dirty or self._model_source is not None,
-                "journal_pending": len(self._journal) if self._journal is not None else 0,
+                "journal_pending": self.journal_pending,
                 "created": self._created,
                 "updated": committed.updated if committed else None,
             }

@@ -13,6 +13,10 @@ class StoreError(RuntimeError):
     """
 
 
+class KeyExistsError(StoreError):
+    """add() met keys that are already live and was not asked to replace them."""
+
+
 _FAISS_LOCATION = re.compile(r" at \S+:\d+: (.*)", re.S)
 _FAISS_ASSERT = re.compile(r"Error: '.*?' failed: (.*)", re.S)
 

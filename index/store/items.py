@@ -230,3 +230,20 @@ class ItemTable:
             blob = b"".join(row[1] for row in rows)
             vectors = np.frombuffer(blob, dtype=VECTOR_DTYPE).astype(np.float32)
             yield ids, vectors.reshape(len(rows), dim)
+
+    def labelled(self, dim: int) -> tuple[list[str], list[str], np.ndarray]:
+        """(keys, labels, float32 (n, dim) vectors) of the live items that have a label,
+        in id (insertion) order."""
+        rows = self.conn.execute(
+            "SELECT key, label, vector FROM items WHERE deleted = 0 AND label IS NOT NULL "
+            "ORDER BY id"
+        ).fetchall()
+        blob = b"".join(row[2] for row in rows)
+        vectors = np.frombuffer(blob, dtype=VECTOR_DTYPE).astype(np.float32)
+        return [r[0] for r in rows], [r[1] for r in rows], vectors.reshape(len(rows), dim)
+
+    def count_labelled(self) -> int:
+        (n,) = self.conn.execute(
+            "SELECT COUNT(*) FROM items WHERE deleted = 0 AND label IS NOT NULL"
+        ).fetchone()
+        return int(n)

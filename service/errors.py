@@ -1,0 +1,106 @@
+"""Errors as the API shows them: a 4xx status with a JSON body that says what was wrong.
+
+Every error response has the body `{"detail": "<what went wrong>", "code": "<machine
+code>"}` (request validation adds `errors`, the list of failing fields). Handlers are
+installed by `install_error_handlers`; nothing a client sends reaches the default 500
+page, and an unexpected server fault answers a bare 500 JSON body without a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from index.images import ImageDecodeError, ImageTooLargeError, UnsupportedFormatError
+
+logger = logging.getLogger("vitrieval.service")
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx/5xx response."""
+
+    detail: str
+    code: str
+    errors: list[dict[str, Any]] | None = None
+
+
+class ApiError(Exception):
+    """Raised anywhere in a request to answer `status` with an ErrorBody."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers
+
+
+def image_error(exc: Exception) -> ApiError:
+    """The API error for an image that failed to decode (see index.images)."""
+    if isinstance(exc, ImageTooLargeError):
+        return ApiError(413, "image_too_large", str(exc))
+    if isinstance(exc, UnsupportedFormatError):
+        return ApiError(415, "unsupported_image_format", str(exc))
+    if isinstance(exc, ImageDecodeError):
+        return ApiError(422, "corrupt_image", str(exc))
+    # hostile files can make PIL plugins raise odd types; still the client's input
+    return ApiError(422, "corrupt_image", f"cannot decode image ({type(exc).__name__})")
+
+
+def error_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
+    body = {"detail": detail, "code": code, **extra}
+    return JSONResponse(body, status_code=status)
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def _field_message(error: dict[str, Any]) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
+    return f"{where}: {error.get('msg', 'invalid')}"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        response = error_response(exc.status, exc.code, exc.detail)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        detail = "; ".join(_field_message(e) for e in errors) or "invalid request"
+        return error_response(422, "invalid_request", detail, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        response = error_response(exc.status_code, code, str(exc.detail))
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", "internal server error")
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the error statuses a route can answer."""
+    return {status: {"model": ErrorBody} for status in statuses}

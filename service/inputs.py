@@ -1,0 +1,158 @@
+"""Reading request bodies that come either as multipart forms or as JSON.
+
+Routes that take an image accept both: multipart/form-data with the image as a file
+field (what a browser form and `curl -F image=@photo.jpg` send) or JSON with the image
+base64-encoded (what a program sends along with a vector or a key). Both are parsed
+here into one pydantic model plus the image bytes, with 4xx errors that name the
+field; `openapi_body` documents the two forms for the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+
+from .errors import ApiError
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_FORM_FIELD_BYTES = 1024 * 1024
+
+
+async def read_body(
+    request: Request, model: type[M], *, image_field: str | None = "image"
+) -> tuple[M, bytes | None]:
+    """Parse the request into `model` and the image bytes (None when none was sent).
+
+    Multipart: form fields validate into `model`; `image_field` must be a file part.
+    JSON: the object validates into `model`; its `image_base64` (if the model has
+    one) is decoded into the image bytes.
+    """
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "multipart/form-data":
+        return await _read_form(request, model, image_field)
+    if content_type in ("application/json", ""):
+        return await _read_json(request, model)
+    raise ApiError(
+        415,
+        "unsupported_media_type",
+        f"send multipart/form-data or application/json, not {content_type!r}",
+    )
+
+
+async def _read_form(
+    request: Request, model: type[M], image_field: str | None
+) -> tuple[M, bytes | None]:
+    form = await request.form(max_files=1, max_fields=64, max_part_size=MAX_FORM_FIELD_BYTES)
+    try:
+        values: dict[str, Any] = {}
+        image: bytes | None = None
+        for name, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                if name != image_field:
+                    raise ApiError(422, "invalid_request", f"unexpected file field {name!r}")
+                image = await value.read()
+            elif name == image_field:
+                raise ApiError(
+                    422, "invalid_request", f"{name!r} must be a file part, not a text field"
+                )
+            elif name in values:
+                raise ApiError(422, "invalid_request", f"field {name!r} is given twice")
+            else:
+                values[name] = value
+        if "metadata" in values and "metadata" in model.model_fields:
+            values["metadata"] = _json_field(values["metadata"], "metadata")
+        return _validate(model, values), image
+    finally:
+        await form.close()
+
+
+async def _read_json(request: Request, model: type[M]) -> tuple[M, bytes | None]:
+    raw = await request.body()
+    if not raw:
+        raise ApiError(422, "invalid_request", "the request body is empty")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_request", "the JSON body must be an object")
+    parsed = _validate(model, data)
+    encoded = getattr(parsed, "image_base64", None)
+    return parsed, (decode_base64(encoded, "image_base64") if encoded is not None else None)
+
+
+def decode_base64(text: str, field: str) -> bytes:
+    if text.startswith("data:") and "," in text:  # a data: URL from a browser
+        text = text.split(",", 1)[1]
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(422, "invalid_base64", f"{field} is not valid base64") from None
+    if not data:
+        raise ApiError(422, "invalid_request", f"{field} is empty")
+    return data
+
+
+def _json_field(text: str, field: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise ApiError(422, "invalid_request", f"{field} must be a JSON object") from None
+
+
+def _validate(model: type[M], values: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors)
+        raise ApiError(422, "invalid_request", detail) from None
+
+
+# -- OpenAPI ----------------------------------------------------------------------------
+
+
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its `$defs` references replaced by the definitions,
+    so it can sit inside an OpenAPI operation without component bookkeeping."""
+    schema = copy.deepcopy(schema)
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(copy.deepcopy(defs[ref.split("/")[-1]]))
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(value) for value in node]
+        return node
+
+    return resolve(schema)
+
+
+def openapi_body(
+    json_model: type[BaseModel], form_fields: dict[str, dict[str, Any]] | None
+) -> dict[str, Any]:
+    """`openapi_extra` documenting a JSON body and (when `form_fields` is given) the
+    multipart form with the same meaning."""
+    content: dict[str, Any] = {
+        "application/json": {"schema": _inline_refs(json_model.model_json_schema())}
+    }
+    if form_fields is not None:
+        content["multipart/form-data"] = {
+            "schema": {"type": "object", "properties": form_fields},
+            "encoding": {"image": {"contentType": "image/*"}},
+        }
+    return {"requestBody": {"required": True, "content": content}}
+
+
+IMAGE_PART = {"type": "string", "format": "binary", "description": "the image file"}

@@ -1,0 +1,97 @@
+"""Prometheus metrics of one app instance (its own registry, so several apps in one
+process, as in the tests, do not collide)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# seconds; from a sub-millisecond vector search to a slow upload
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+STAGES = ("decode", "embed", "search")
+
+
+class ServiceMetrics:
+    """Requests, errors, latency per route and per stage, batch sizes and index size."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "vitrieval_requests", "HTTP requests", ["method", "route", "status"], registry=r
+        )
+        self.errors = Counter(
+            "vitrieval_request_errors",
+            "HTTP responses with status >= 400",
+            ["route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "vitrieval_request_duration_seconds",
+            "HTTP request latency",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "vitrieval_stage_duration_seconds",
+            "time per query stage (decode, embed, search)",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "vitrieval_embed_batch_size",
+            "images per model call (dynamic batching)",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.index_items = Gauge("vitrieval_index_items", "live items in the index", registry=r)
+        self.journal_pending = Gauge(
+            "vitrieval_journal_pending", "mutations journalled but not yet saved", registry=r
+        )
+        self.ready = Gauge("vitrieval_ready", "1 once the model and index are loaded", registry=r)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+        if status >= 400:
+            self.errors.labels(route, str(status)).inc()
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self.stage.labels(stage).observe(seconds)
+
+    def track_index(self, items: Callable[[], float], pending: Callable[[], float]) -> None:
+        """Read the index size and journal length at scrape time."""
+        self.index_items.set_function(items)
+        self.journal_pending.set_function(pending)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""Routers per area of the API (DESIGN.md section 4)."""

@@ -1,0 +1,95 @@
+"""Liveness, readiness, service information and Prometheus metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from .. import __version__
+from ..deps import ReadAccess, ServiceDep
+from ..errors import error_responses
+from ..metrics import CONTENT_TYPE
+from ..schemas import Status
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Status, summary="The process is alive")
+async def healthz() -> Status:
+    return Status(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Status,
+    summary="The model and index are loaded and the self-check passed",
+    responses={503: {"model": Status}},
+)
+async def readyz(request: Request) -> Any:
+    state = getattr(request.app.state, "service", None)
+    if state is None or not state.ready:
+        return JSONResponse({"status": "loading", "checks": {}}, status_code=503)
+    checks = {"model": True, "index": True, "self_check": state.self_check}
+    return Status(status="ready", checks=checks)
+
+
+@router.get(
+    "/v1/info",
+    summary="The served model, the index and the service settings",
+    dependencies=[ReadAccess],
+    responses=error_responses(401),
+)
+async def info(state: ServiceDep) -> dict[str, Any]:
+    meta = state.embedder.metadata
+    index = state.store.info()
+    settings = state.settings
+    return {
+        "version": __version__,
+        "uptime_s": round(time.time() - state.started, 3),
+        "model": {
+            "file": str(state.embedder.model_path.name),
+            "backbone": meta.backbone,
+            "pooling": meta.pooling,
+            "embedding_dim": meta.embedding_dim,
+            "input_size": list(meta.input_size),
+            "fingerprint": meta.fingerprint,
+            "provider": state.embedder.provider,
+        },
+        "index": {
+            key: index[key]
+            for key in (
+                "count",
+                "deleted",
+                "factory",
+                "dim",
+                "metric",
+                "generation",
+                "gpu",
+                "search_params",
+                "journal_pending",
+            )
+        },
+        "service": {
+            "batching": settings.batching,
+            "max_batch_size": settings.max_batch_size,
+            "max_batch_wait_ms": settings.max_batch_wait_ms,
+            "max_k": settings.max_k,
+            "max_body_bytes": settings.max_body_bytes,
+            "max_pixels": settings.max_pixels,
+            "mutations": not settings.read_only,
+            "read_key_required": settings.read_api_key is not None,
+        },
+    }
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}}},
+)
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,160 @@
+"""/v1/items: add, read, delete items (mutations need the API key) and thumbnails.
+
+An add or delete answers only after the store has journalled it durably
+(index/store/journal.py): a 201 or 200 means the change survives a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from PIL import Image
+
+from index.images import open_image
+from index.store import KeyExistsError, StoreError
+
+from ..deps import ReadAccess, ServiceDep, WriteAccess
+from ..errors import ApiError, error_responses
+from ..inputs import IMAGE_PART, openapi_body, read_body
+from ..schemas import KEY_PATTERN, ItemCreate, ItemDeleted, ItemOut, ItemWritten
+from ..state import Timings
+
+router = APIRouter(prefix="/v1/items", tags=["items"])
+
+_ITEM_FORM = {
+    "image": IMAGE_PART,
+    "key": {"type": "string", "pattern": KEY_PATTERN},
+    "label": {"type": "string"},
+    "metadata": {"type": "string", "description": "a JSON object"},
+    "replace": {"type": "boolean", "default": False},
+}
+KeyPath = Annotated[str, "the item's key"]
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=ItemWritten,
+    summary="Add an item (image or vector) under a key",
+    dependencies=[WriteAccess],
+    openapi_extra=openapi_body(ItemCreate, _ITEM_FORM),
+    responses=error_responses(400, 401, 403, 409, 413, 415, 422),
+)
+async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
+    item, image = await read_body(request, ItemCreate)
+    if (image is None) == (item.vector is None):
+        raise ApiError(422, "invalid_request", "give exactly one of: an image, or a vector")
+    if image is not None:
+        vector = await state.embed_bytes(image, Timings())
+        path = await asyncio.to_thread(state.save_upload, image)
+    else:
+        vector, path = state.check_vector(item.vector), None
+    metadata = item.metadata or {}
+    replaced = False
+    try:
+        if item.replace:
+            replaced = await asyncio.to_thread(state.store.__contains__, item.key)
+        await asyncio.to_thread(
+            state.store.add,
+            [item.key],
+            vector[None, :],
+            labels=[item.label],
+            paths=[path],
+            metadata=[metadata],
+            replace=item.replace,
+        )
+    except KeyExistsError:
+        raise ApiError(
+            409, "key_exists", f"an item with key {item.key!r} exists; send replace=true"
+        ) from None
+    except StoreError as exc:
+        raise ApiError(409, "index_refused", str(exc)) from None
+    return ItemWritten(
+        key=item.key,
+        label=item.label,
+        metadata=metadata,
+        has_image=path is not None,
+        replaced=replaced,
+    )
+
+
+@router.get(
+    "/{key}",
+    response_model=ItemOut,
+    response_model_exclude_none=False,
+    summary="One item's label, metadata and (optionally) vector",
+    dependencies=[ReadAccess],
+    responses=error_responses(401, 404),
+)
+async def get_item(
+    key: KeyPath,
+    state: ServiceDep,
+    vector: Annotated[bool, Query(description="include the stored vector")] = False,
+) -> ItemOut:
+    record = await asyncio.to_thread(state.store.get, key)
+    if record is None:
+        raise ApiError(404, "unknown_key", f"no item with key {key!r}")
+    return ItemOut(
+        key=record.key,
+        label=record.label,
+        metadata=record.metadata,
+        has_image=record.path is not None,
+        vector=record.vector.astype(float).tolist() if vector else None,
+    )
+
+
+@router.delete(
+    "/{key}",
+    response_model=ItemDeleted,
+    summary="Delete an item",
+    dependencies=[WriteAccess],
+    responses=error_responses(401, 403, 404),
+)
+async def delete_item(key: KeyPath, state: ServiceDep) -> ItemDeleted:
+    try:
+        removed = await asyncio.to_thread(state.store.remove, [key])
+    except StoreError as exc:
+        raise ApiError(409, "index_refused", str(exc)) from None
+    if not removed:
+        raise ApiError(404, "unknown_key", f"no item with key {key!r}")
+    return ItemDeleted(key=key, deleted=True)
+
+
+@router.get(
+    "/{key}/thumbnail",
+    summary="A JPEG thumbnail of the item's image",
+    dependencies=[ReadAccess],
+    response_class=Response,
+    responses={200: {"content": {"image/jpeg": {}}}, **error_responses(401, 404)},
+)
+async def thumbnail(
+    key: KeyPath,
+    state: ServiceDep,
+    size: Annotated[int, Query(ge=16, le=512, description="longest side, pixels")] = 160,
+) -> Response:
+    record = await asyncio.to_thread(state.store.get, key)
+    if record is None:
+        raise ApiError(404, "unknown_key", f"no item with key {key!r}")
+    if record.path is None:
+        raise ApiError(404, "no_image", f"item {key!r} was added without an image")
+    data = await asyncio.to_thread(_thumbnail, Path(record.path), size, state.settings.max_pixels)
+    if data is None:
+        raise ApiError(404, "no_image", f"the image of item {key!r} is not readable here")
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+
+def _thumbnail(path: Path, size: int, max_pixels: int) -> bytes | None:
+    """The item's image (a path recorded at indexing time, relative to the working
+    folder or absolute) as a JPEG no larger than size x size; None if unreadable."""
+    try:
+        image = open_image(path, max_pixels, draft_size=size)
+    except Exception:
+        return None
+    image.thumbnail((size, size), Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=85)
+    return buffer.getvalue()

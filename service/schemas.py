@@ -1,0 +1,119 @@
+"""Request and response models of the HTTP API (what FastAPI's OpenAPI schema shows)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_K = 1000
+KEY_PATTERN = r"^[^\x00-\x1f\x7f]{1,512}$"  # printable, 1-512 characters
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchRequest(Strict):
+    """One query: exactly one of the image (multipart `image` or `image_base64`), an
+    indexed item's `key`, or a raw `vector`."""
+
+    k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
+    label: str | None = Field(None, description="only return items with this label")
+    image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
+    key: str | None = Field(None, description="query with this indexed item's vector")
+    vector: list[float] | None = Field(None, description="query with this vector")
+    exclude_self: bool = Field(
+        True, description="with `key`: leave the query item itself out of the hits"
+    )
+
+
+class HitOut(BaseModel):
+    key: str
+    score: float = Field(description="cosine similarity to the query")
+    label: str | None
+    metadata: dict[str, Any]
+
+
+class SearchResponse(BaseModel):
+    hits: list[HitOut]
+    k: int
+    query: Literal["image", "key", "vector"]
+    timings_ms: dict[str, float] = Field(description="decode, embed and search, milliseconds")
+
+
+class EmbedRequest(Strict):
+    image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
+
+
+class EmbedResponse(BaseModel):
+    embedding: list[float]
+    dim: int
+    fingerprint: str
+    timings_ms: dict[str, float]
+
+
+class ItemCreate(Strict):
+    """An item to add: its key, optional label and metadata, and either the image
+    (multipart `image` or `image_base64`) or a `vector`."""
+
+    key: str = Field(pattern=KEY_PATTERN)
+    label: str | None = Field(None, max_length=512)
+    metadata: dict[str, Any] | None = None
+    image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
+    vector: list[float] | None = Field(None, description="add this vector instead of an image")
+    replace: bool = Field(False, description="overwrite an item with the same key")
+
+
+class ItemOut(BaseModel):
+    key: str
+    label: str | None
+    metadata: dict[str, Any]
+    has_image: bool = Field(description="whether /v1/items/{key}/thumbnail can show it")
+    vector: list[float] | None = None
+
+
+class ItemWritten(ItemOut):
+    replaced: bool = False
+    durable: bool = Field(True, description="journalled to disk before this answer")
+
+
+class ItemDeleted(BaseModel):
+    key: str
+    deleted: bool
+
+
+class LabelledQuery(Strict):
+    label: str
+    image_base64: str | None = None
+    vector: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> LabelledQuery:
+        if (self.image_base64 is None) == (self.vector is None):
+            raise ValueError("give exactly one of image_base64 and vector")
+        return self
+
+
+class EvaluateRequest(Strict):
+    """leave-one-out: every labelled item of the index queries all the others.
+    queries: the uploaded labelled queries are ranked against the labelled items."""
+
+    mode: Literal["leave-one-out", "queries"] = "leave-one-out"
+    ks: list[int] = Field([1, 2, 4, 8], min_length=1, max_length=16)
+    queries: list[LabelledQuery] | None = Field(None, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> EvaluateRequest:
+        if any(k < 1 or k > MAX_K for k in self.ks):
+            raise ValueError(f"every k must be between 1 and {MAX_K}")
+        if self.mode == "queries" and not self.queries:
+            raise ValueError("mode 'queries' needs a non-empty 'queries' list")
+        if self.mode == "leave-one-out" and self.queries:
+            raise ValueError("'queries' is only for mode 'queries'")
+        return self
+
+
+class Status(BaseModel):
+    status: str
+    checks: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,91 @@
+"""Service configuration: one pydantic-settings class, environment prefix `VITRIEVAL_`.
+
+Every field can be set as an environment variable (`VITRIEVAL_API_KEY`,
+`VITRIEVAL_MAX_BATCH_SIZE`, ...); `vitrieval-serve` flags override the environment.
+The app reads its settings through `get_settings()`, cached, so a process builds them
+once.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """What a deployment can tune; defaults suit one CPU host."""
+
+    model_config = SettingsConfigDict(env_prefix="VITRIEVAL_", extra="ignore")
+
+    model: Path | None = Field(None, description="exported model (.onnx)")
+    index: Path | None = Field(None, description="index directory built with that model")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    workers: int = Field(1, ge=1, description="server processes (read-only service only)")
+
+    # auth
+    api_key: SecretStr | None = Field(
+        None, description="key for mutations (POST/DELETE /v1/items), header X-API-Key"
+    )
+    read_api_key: SecretStr | None = Field(
+        None, description="when set, every read route needs this key (or the mutation key)"
+    )
+    read_only: bool = Field(
+        False,
+        description="turn the mutation routes off; otherwise they are on and the server "
+        "refuses to start without an API key",
+    )
+
+    # inference
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N | tensorrt")
+    batching: bool = Field(True, description="dynamic batching of concurrent queries")
+    max_batch_size: int = Field(32, ge=1, le=1024)
+    max_batch_wait_ms: float = Field(
+        2.0, ge=0, le=1000, description="how long the first query of a batch waits for more"
+    )
+    intra_op_threads: int | None = Field(None, ge=1, description="ONNX Runtime threads")
+    decode_threads: int = Field(4, ge=1, description="threads decoding uploaded images")
+
+    # limits
+    max_body_bytes: int = Field(20 * 2**20, ge=1024, description="larger requests get 413")
+    max_pixels: int = Field(40_000_000, ge=1, description="larger images get 413")
+    max_k: int = Field(1000, ge=1)
+    request_timeout_s: float = Field(30.0, gt=0, description="slower requests get 503")
+    max_evaluate_items: int = Field(
+        20_000, ge=2, description="largest set /v1/evaluate ranks exactly (O(n^2))"
+    )
+
+    # durability
+    checkpoint_every: int = Field(
+        1000, ge=1, description="journalled mutations that trigger a full index save"
+    )
+    checkpoint_interval_s: float = Field(
+        30.0, gt=0, description="a pending journal is saved at least this often"
+    )
+    store_uploads: bool = Field(
+        True, description="keep images added through /v1/items under INDEX/uploads (thumbnails)"
+    )
+
+    @model_validator(mode="after")
+    def _check_mutations(self) -> Settings:
+        if not self.read_only and self.api_key is None:
+            raise ValueError(
+                "mutations (POST/DELETE /v1/items) are enabled but no API key is configured: "
+                "set VITRIEVAL_API_KEY, or serve read-only with --read-only "
+                "(VITRIEVAL_READ_ONLY=1)"
+            )
+        if not self.read_only and self.workers > 1:
+            raise ValueError(
+                "mutations need a single worker (one process owns the index): use "
+                "--workers 1, or serve read-only with --read-only"
+            )
+        return self
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings, from the environment (cached)."""
+    return Settings()

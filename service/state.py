@@ -1,0 +1,197 @@
+"""What the service holds while it runs: one model, one index, the batcher, the
+metrics. Built once (in the lifespan handler, or by the CLI before the server starts)
+and reached by routes through the `ServiceDep` dependency."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from index.atomic import atomic_write_bytes
+from index.embedder import Embedder
+from index.store import IndexStore
+
+from .batching import DynamicBatcher
+from .errors import ApiError, image_error
+from .metrics import ServiceMetrics
+from .settings import Settings
+
+logger = logging.getLogger("vitrieval.service")
+
+UPLOADS_DIR = "uploads"
+
+
+class StartupError(RuntimeError):
+    """The model or the index cannot be served; the message says why."""
+
+
+@dataclass
+class Timings:
+    """Milliseconds per stage of one request."""
+
+    decode: float = 0.0
+    embed: float = 0.0
+    search: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "decode": round(self.decode, 3),
+            "embed": round(self.embed, 3),
+            "search": round(self.search, 3),
+        }
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    embedder: Embedder
+    store: IndexStore
+    metrics: ServiceMetrics
+    batcher: DynamicBatcher
+    decode_pool: ThreadPoolExecutor
+    self_check: dict[str, Any] = field(default_factory=dict)
+    ready: bool = False
+    started: float = field(default_factory=time.time)
+    last_checkpoint: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def load(cls, settings: Settings, metrics: ServiceMetrics | None = None) -> ServiceState:
+        """Load the model and the index and run the self-check; StartupError on failure."""
+        from index.images import ImageDecodeError
+        from index.model_metadata import ModelMetadataError
+        from index.store import StoreError
+
+        if settings.model is None or settings.index is None:
+            raise StartupError("both a model (--model) and an index (--index) are needed")
+        metrics = metrics or ServiceMetrics()
+        try:
+            embedder = Embedder(
+                settings.model,
+                device=settings.device,
+                batch_size=settings.max_batch_size,
+                intra_op_threads=settings.intra_op_threads,
+                max_pixels=settings.max_pixels,
+            )
+        except (ModelMetadataError, OSError, ValueError) as exc:
+            raise StartupError(f"cannot load model {settings.model}: {exc}") from None
+        except Exception as exc:  # ONNX Runtime reports a bad file with its own types
+            raise StartupError(f"cannot load model {settings.model}: {exc}") from None
+        try:
+            store = IndexStore.open(
+                settings.index,
+                fingerprint=embedder.fingerprint,
+                dim=embedder.dim,
+                journal=not settings.read_only,
+            )
+        except (StoreError, OSError) as exc:
+            raise StartupError(f"cannot open index {settings.index}: {exc}") from None
+        batcher = DynamicBatcher(
+            embedder.embed_arrays,
+            enabled=settings.batching,
+            max_batch=settings.max_batch_size,
+            max_wait_s=settings.max_batch_wait_ms / 1000,
+            on_batch=metrics.batch_size.observe,
+        )
+        state = cls(
+            settings=settings,
+            embedder=embedder,
+            store=store,
+            metrics=metrics,
+            batcher=batcher,
+            decode_pool=ThreadPoolExecutor(
+                settings.decode_threads, thread_name_prefix="vitrieval-decode"
+            ),
+        )
+        try:
+            state.self_check = state._self_check()
+        except (ImageDecodeError, ValueError, RuntimeError) as exc:
+            state.close()
+            raise StartupError(f"self-check failed: {exc}") from None
+        metrics.track_index(lambda: len(store), lambda: store.journal_pending)
+        return state
+
+    def _self_check(self) -> dict[str, Any]:
+        """Embed a synthetic image and check what comes back: finite, unit norm, the
+        index's dimension. Run once at start; /readyz reports it."""
+        ramp = np.linspace(0, 255, 64 * 64 * 3).reshape(64, 64, 3).astype(np.uint8)
+        image = self.embedder.prepare(_png_bytes(Image.fromarray(ramp)))
+        vector = self.embedder.embed_arrays(image[None])[0]
+        norm = float(np.linalg.norm(vector))
+        if not np.all(np.isfinite(vector)) or abs(norm - 1) > 1e-3:
+            raise RuntimeError(f"the model returned a non-unit embedding (norm {norm})")
+        if vector.shape != (self.store.dim,):
+            raise RuntimeError(f"the model embeds {vector.shape}, the index holds {self.store.dim}")
+        return {"embedding_norm": round(norm, 6), "dim": int(vector.shape[0]), "passed": True}
+
+    # -- the query pipeline --------------------------------------------------------------
+
+    async def decode(self, data: bytes, timings: Timings) -> np.ndarray:
+        """Encoded image -> preprocessed float32 (3, S, S), in the decode pool."""
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            image = await loop.run_in_executor(self.decode_pool, self.embedder.prepare, data)
+        except Exception as exc:
+            raise image_error(exc) from None
+        timings.decode = _elapsed_ms(started)
+        self.metrics.observe_stage("decode", timings.decode / 1000)
+        return image
+
+    async def embed(self, image: np.ndarray, timings: Timings) -> np.ndarray:
+        started = time.perf_counter()
+        vector = await self.batcher.embed(image)
+        timings.embed = _elapsed_ms(started)
+        self.metrics.observe_stage("embed", timings.embed / 1000)
+        return vector
+
+    async def embed_bytes(self, data: bytes, timings: Timings) -> np.ndarray:
+        """Encoded image -> float32 (D,) unit vector, through decode pool and batcher."""
+        return await self.embed(await self.decode(data, timings), timings)
+
+    def save_upload(self, data: bytes) -> str | None:
+        """Keep an image added through the API (for thumbnails); returns its path."""
+        if not self.settings.store_uploads:
+            return None
+        digest = hashlib.sha256(data).hexdigest()
+        path = Path(self.store.directory).resolve() / UPLOADS_DIR / digest[:2] / digest
+        if not path.exists():
+            atomic_write_bytes(path, data)
+        return str(path)
+
+    def check_vector(self, values: list[float]) -> np.ndarray:
+        vector = np.asarray(values, dtype=np.float32)
+        if vector.shape != (self.store.dim,):
+            raise ApiError(
+                422,
+                "bad_vector",
+                f"vector has {vector.size} values, the index is {self.store.dim}-d",
+            )
+        norm = float(np.linalg.norm(vector))
+        if not np.isfinite(norm) or norm == 0:
+            raise ApiError(422, "bad_vector", "vector must be finite and non-zero")
+        return vector / norm
+
+    def close(self) -> None:
+        self.decode_pool.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
+
+
+def _elapsed_ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
