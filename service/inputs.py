@@ -36,14 +36,15 @@ async def read_body(
     one) is decoded into the image bytes.
     """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "multipart/form-data":
+    if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return await _read_form(request, model, image_field)
     if content_type in ("application/json", ""):
         return await _read_json(request, model)
     raise ApiError(
         415,
         "unsupported_media_type",
-        f"send multipart/form-data or application/json, not {content_type!r}",
+        f"send multipart/form-data (or a urlencoded form) or application/json, "
+        f"not {content_type!r}",
     )
 
 

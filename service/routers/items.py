@@ -2,6 +2,9 @@
 
 An add or delete answers only after the store has journalled it durably
 (index/store/journal.py): a 201 or 200 means the change survives a crash.
+
+Keys may contain slashes (`digits/00017`, a folder-relative path): the routes take
+the rest of the path as the key, so a key cannot end in `/thumbnail`.
 """
 
 from __future__ import annotations
@@ -83,7 +86,30 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
 
 
 @router.get(
-    "/{key}",
+    "/{key:path}/thumbnail",
+    summary="A JPEG thumbnail of the item's image",
+    dependencies=[ReadAccess],
+    response_class=Response,
+    responses={200: {"content": {"image/jpeg": {}}}, **error_responses(401, 404)},
+)
+async def thumbnail(
+    key: KeyPath,
+    state: ServiceDep,
+    size: Annotated[int, Query(ge=16, le=512, description="longest side, pixels")] = 160,
+) -> Response:
+    record = await asyncio.to_thread(state.store.get, key)
+    if record is None:
+        raise ApiError(404, "unknown_key", f"no item with key {key!r}")
+    if record.path is None:
+        raise ApiError(404, "no_image", f"item {key!r} was added without an image")
+    data = await asyncio.to_thread(_thumbnail, Path(record.path), size, state.settings.max_pixels)
+    if data is None:
+        raise ApiError(404, "no_image", f"the image of item {key!r} is not readable here")
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+
+@router.get(
+    "/{key:path}",
     response_model=ItemOut,
     response_model_exclude_none=False,
     summary="One item's label, metadata and (optionally) vector",
@@ -108,7 +134,7 @@ async def get_item(
 
 
 @router.delete(
-    "/{key}",
+    "/{key:path}",
     response_model=ItemDeleted,
     summary="Delete an item",
     dependencies=[WriteAccess],
@@ -122,29 +148,6 @@ async def delete_item(key: KeyPath, state: ServiceDep) -> ItemDeleted:
     if not removed:
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")
     return ItemDeleted(key=key, deleted=True)
-
-
-@router.get(
-    "/{key}/thumbnail",
-    summary="A JPEG thumbnail of the item's image",
-    dependencies=[ReadAccess],
-    response_class=Response,
-    responses={200: {"content": {"image/jpeg": {}}}, **error_responses(401, 404)},
-)
-async def thumbnail(
-    key: KeyPath,
-    state: ServiceDep,
-    size: Annotated[int, Query(ge=16, le=512, description="longest side, pixels")] = 160,
-) -> Response:
-    record = await asyncio.to_thread(state.store.get, key)
-    if record is None:
-        raise ApiError(404, "unknown_key", f"no item with key {key!r}")
-    if record.path is None:
-        raise ApiError(404, "no_image", f"item {key!r} was added without an image")
-    data = await asyncio.to_thread(_thumbnail, Path(record.path), size, state.settings.max_pixels)
-    if data is None:
-        raise ApiError(404, "no_image", f"the image of item {key!r} is not readable here")
-    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
 
 
 def _thumbnail(path: Path, size: int, max_pixels: int) -> bytes | None:
