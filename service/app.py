@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from . import __version__
-from .errors import install_error_handlers
+from .errors import document_error_body, install_error_handlers
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
 from .routers import evaluate, health, items, search, web
@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
     app.state.settings = settings
     app.state.metrics = metrics
     install_error_handlers(app)
+    document_error_body(app)
     for router in (search.router, items.router, evaluate.router, health.router, web.router):
         app.include_router(router)
     # outermost last: metrics see every response, 413s and timeouts included

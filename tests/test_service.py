@@ -7,13 +7,12 @@ from __future__ import annotations
 import base64
 import io
 import json
-import random
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from hostile_images import fuzzed, png_bomb
 from PIL import Image
 from pydantic import ValidationError
 
@@ -413,27 +412,6 @@ def test_evaluate_rejects_bad_requests(client, body) -> None:
 # -- hostile input -------------------------------------------------------------------------
 
 
-def png_bomb(width: int = 20000, height: int = 20000) -> bytes:
-    """A valid greyscale PNG of width x height black pixels: ~400 KB on the wire,
-    400 MB once decoded."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return len(data).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
-
-    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])
-    compressor = zlib.compressobj(9)
-    row = bytes(width + 1)  # filter byte + pixels
-    parts = [compressor.compress(row * 500) for _ in range(height // 500)]
-    parts.append(compressor.flush())
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", b"".join(parts))
-        + chunk(b"IEND", b"")
-    )
-
-
 @pytest.fixture(scope="module")
 def bomb() -> bytes:
     return png_bomb()
@@ -473,19 +451,6 @@ def test_bodies_over_the_limit_get_413(client) -> None:
     assert streamed.status_code == 413
     small_limit = client.app.state.settings.max_body_bytes
     assert small_limit < 30 * 2**20
-
-
-def fuzzed(seed: int, originals: list[bytes]) -> bytes:
-    rng = random.Random(seed)
-    data = bytearray(rng.choice(originals))
-    mode = rng.randrange(3)
-    if mode in (0, 2):  # flip some bytes (often in the header: the first 64 bytes)
-        for _ in range(rng.randint(1, 12)):
-            span = 64 if rng.random() < 0.5 else len(data)
-            data[rng.randrange(min(span, len(data)))] = rng.randrange(256)
-    if mode in (1, 2):  # truncate
-        data = data[: rng.randrange(1, len(data))]
-    return bytes(data)
 
 
 def test_500_fuzzed_images_never_get_a_5xx(client) -> None:
