@@ -1,0 +1,181 @@
+"""The search page at `/`, driven in a real browser against a real server.
+
+Starts `vitrieval-serve --read-only` as a subprocess over the digits gallery (see
+conftest.py) and drives headless Chromium with selenium: pick an image, see the
+top-k neighbours as thumbnails with scores and labels; a file that is not an image
+shows an error.
+
+Needs Debian's `chromium` and `chromium-driver` packages (/usr/bin/chromium,
+/usr/bin/chromedriver; `.ci/run` installs them). Without them these tests FAIL rather
+than skip: the page is a required feature and must be tested.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from serving import Server  # tests/serving.py
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+READY_TIMEOUT_S = 60
+WAIT_S = 20
+
+# Without the background-networking flags chromium hangs on a machine with no network.
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+)
+
+
+@pytest.fixture(scope="module")
+def server(
+    digits_gallery: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The base URL of a read-only `vitrieval-serve` over a copy of the digits gallery."""
+    index = tmp_path_factory.mktemp("web_page") / "index"
+    shutil.copytree(digits_gallery["index"], index)
+    server = Server(digits_gallery["model"], index, "--read-only")
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Headless Chromium under chromedriver; fails (not skips) when either is missing."""
+    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
+    if missing:
+        pytest.fail(
+            f"{' and '.join(missing)} not found: the web page test needs Debian's chromium "
+            "and chromium-driver packages (apt-get install chromium chromium-driver)",
+            pytrace=False,
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    root = tmp_path_factory.mktemp("chromium")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={root / 'profile'}")
+    service = Service(str(CHROMEDRIVER), log_output=str(root / "chromedriver.log"))
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def query(digits_gallery: dict[str, Path]) -> dict[str, str]:
+    """One gallery image: its path, key and label."""
+    with open(digits_gallery["list"], newline="") as fh:
+        row = list(csv.DictReader(fh))[17]
+    path = digits_gallery["images"] / row["path"]
+    assert path.is_file()
+    return {"path": str(path), "key": row["key"], "label": row["label"]}
+
+
+def _wait(driver, condition, message: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message)
+
+
+def _open_page(driver, url: str) -> None:
+    driver.get(url + "/")
+    assert "vitrieval" in driver.title
+    # the /v1/info fetch fills the heading once the page's script has run
+    _wait(driver, lambda d: "images indexed" in d.find_element("id", "about").text, "no info")
+
+
+def _upload(driver, path: str) -> None:
+    # the input is `hidden` (the drop zone is its label): chromedriver still accepts files
+    driver.find_element("id", "file").send_keys(path)
+
+
+def _hits(driver) -> list:
+    return driver.find_elements("css selector", "#results li.hit")
+
+
+def test_upload_shows_neighbours(browser, server: str, query: dict[str, str], tmp_path: Path):
+    _open_page(browser, server)
+    k_input = browser.find_element("id", "k")
+    k_input.clear()
+    k_input.send_keys("7")
+    k = int(k_input.get_attribute("value"))
+    assert k == 7
+
+    _upload(browser, query["path"])
+    _wait(browser, lambda d: len(_hits(d)) > 0, "no results appeared in #results")
+
+    status = browser.find_element("id", "status")
+    assert "error" not in (status.get_attribute("class") or "")
+    assert status.text.startswith(f"{k} results")
+    hits = _hits(browser)
+    assert len(hits) == k
+    assert hits[0].get_attribute("data-key") == query["key"]
+    assert hits[0].find_element("css selector", ".score").text == "1.0000"
+    assert hits[0].find_element("css selector", ".label").text == f"· {query['label']}"
+    scores = []
+    for hit in hits:
+        score = hit.find_element("css selector", ".score").text
+        assert re.fullmatch(r"-?\d\.\d{4}", score), score
+        scores.append(float(score))
+        assert re.fullmatch(r"· \d", hit.find_element("css selector", ".label").text)
+        assert hit.find_element("css selector", ".key").text.endswith(hit.get_attribute("data-key"))
+    assert scores == sorted(scores, reverse=True)
+
+    # the query's preview and at least the first thumbnail decoded in the browser
+    # (a thumbnail that fails is replaced by a "no image" box: no img left to wait on)
+    loaded = _wait(
+        browser,
+        lambda d: d.execute_script(
+            "const img = arguments[0].querySelector('img');"
+            "return img ? img.complete && img.naturalWidth > 0 : 'no image';",
+            hits[0],
+        ),
+        "the first thumbnail did not load",
+    )
+    assert loaded is True, f"the first thumbnail failed to load ({loaded})"
+    preview = browser.find_element("id", "preview")
+    assert browser.execute_script("return arguments[0].naturalWidth", preview) > 0
+
+    shot = tmp_path / "page.png"
+    assert browser.save_screenshot(str(shot))
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+
+
+def test_not_an_image_shows_error(
+    browser, server: str, query: dict[str, str], tmp_path: Path
+) -> None:
+    _open_page(browser, server)
+    _upload(browser, query["path"])  # results first: the error must clear them
+    _wait(browser, lambda d: len(_hits(d)) > 0, "no results appeared in #results")
+
+    bogus = tmp_path / "notes.png"
+    bogus.write_text("this is plain text, not a PNG\n")
+    _upload(browser, str(bogus))
+    status = browser.find_element("id", "status")
+    _wait(browser, lambda d: "error" in (status.get_attribute("class") or ""), "no error shown")
+    assert re.match(r"4\d\d: \S", status.text), status.text
+    assert _hits(browser) == []
