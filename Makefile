@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_RUN ?= runs/demo
+DEMO_PORT ?= 8000
 PYTEST_ARGS ?=
 
 .PHONY: install test lint format demo bench bench-search clean
@@ -40,6 +41,9 @@ demo: install
 		--out $(DEMO_RUN)/bench
 	$(BIN)/vitrieval-index search $(DEMO_RUN)/index $(DEMO_RUN)/images/7/digits_00017.png -k 5
 	@echo "demo: model $(DEMO_RUN)/model.onnx, index $(DEMO_RUN)/index, curves $(DEMO_RUN)/curves.png"
+	@echo "demo: search page at http://127.0.0.1:$(DEMO_PORT)/ , API docs at /docs (Ctrl-C stops the server)"
+	$(BIN)/vitrieval-serve --model $(DEMO_RUN)/model.onnx --index $(DEMO_RUN)/index \
+		--host 127.0.0.1 --port $(DEMO_PORT) --read-only
 
 # The benchmarks of docs/benchmarks.md; int8 needs the demo model (`make demo` first),
 # bench-search takes about 10 minutes on 2 cores.

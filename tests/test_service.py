@@ -469,3 +469,29 @@ def test_500_fuzzed_images_never_get_a_5xx(client) -> None:
     print("fuzzed statuses:", dict(sorted(statuses.items())))
     # the mutations must actually break images, and some survive them
     assert statuses.get(200, 0) > 0 and sum(v for k, v in statuses.items() if k != 200) > 100
+
+
+def test_slow_requests_get_503_with_retry_after() -> None:
+    import asyncio as aio
+
+    from fastapi import FastAPI
+
+    from service.middleware import LimitsMiddleware
+
+    slow = FastAPI()
+
+    @slow.get("/slow")
+    async def _slow() -> dict:
+        await aio.sleep(5)
+        return {}
+
+    @slow.get("/fast")
+    async def _fast() -> dict:
+        return {"ok": True}
+
+    slow.add_middleware(LimitsMiddleware, max_body_bytes=1024, timeout_s=0.2)
+    with TestClient(slow) as c:
+        response = c.get("/slow")
+        assert response.status_code == 503 and response.json()["code"] == "timeout"
+        assert response.headers["retry-after"] == "1"
+        assert c.get("/fast").json() == {"ok": True}

@@ -172,6 +172,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation(
             capture_output=True,
             text=True,
             timeout=400,
+            cwd=tmp_path,  # schemathesis keeps its state in ./.schemathesis
             env={**os.environ, "NO_COLOR": "1"},
         )
         output = result.stdout + result.stderr
@@ -179,3 +180,27 @@ def test_schemathesis_finds_no_server_error_or_schema_violation(
         assert result.returncode == 0, output[-6000:]
         server_log = server.output()
         assert "Traceback" not in server_log, server_log[-3000:]
+
+
+def test_a_body_that_never_finishes_gets_408(digits_gallery, served_index) -> None:
+    """Slow-loris uploads do not hold a request open forever."""
+    import socket
+
+    env = {**ENV, "VITRIEVAL_REQUEST_TIMEOUT_S": "1"}
+    with Server(digits_gallery["model"], served_index, env=env) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"k": 1,'
+            )
+            started = time.perf_counter()
+            answer = sock.recv(65536).decode()
+            waited = time.perf_counter() - started
+            while not answer.endswith("}"):  # the body may come in a second packet
+                more = sock.recv(65536).decode()
+                if not more:
+                    break
+                answer += more
+        assert answer.startswith("HTTP/1.1 408"), answer
+        assert '"code":"request_timeout"' in answer
+        print(f"408 after {waited:.2f} s")
