@@ -89,16 +89,22 @@ async def _checkpoint_loop(state: ServiceState) -> None:
     settings = state.settings
     if settings.read_only:
         return
+    pending_since: float | None = None  # when the oldest unsaved mutation was seen
     while True:
         await asyncio.sleep(CHECKPOINT_POLL_S)
         pending = state.store.journal_pending
-        due = time.monotonic() - state.last_checkpoint >= settings.checkpoint_interval_s
-        if pending >= settings.checkpoint_every or (pending and due):
+        if not pending:
+            pending_since = None
+            continue
+        pending_since = pending_since or time.monotonic()
+        due = time.monotonic() - pending_since >= settings.checkpoint_interval_s
+        if pending >= settings.checkpoint_every or due:
             try:
                 await asyncio.to_thread(state.store.save)
-            except Exception:  # the journal still holds everything: retry next time
+                pending_since = None
+            except Exception:  # the journal still holds everything: retry later
                 logger.exception("saving the index failed; mutations stay in the journal")
-            state.last_checkpoint = time.monotonic()
+                pending_since = time.monotonic()
 
 
 def _final_save(state: ServiceState) -> None:

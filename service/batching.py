@@ -70,6 +70,11 @@ class DynamicBatcher:
             self._task = None
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    @property
+    def alive(self) -> bool:
+        """False once the collector task has ended (only stop() ends it)."""
+        return not self.enabled or (self._task is not None and not self._task.done())
+
     async def embed(self, image: np.ndarray) -> np.ndarray:
         """float32 (3, S, S) -> float32 (D,), unit norm."""
         loop = asyncio.get_running_loop()
@@ -111,7 +116,9 @@ class DynamicBatcher:
                 out = await loop.run_in_executor(
                     self._executor, self._run, np.stack([image for image, _ in live])
                 )
-            except Exception as exc:  # the model failed: every waiter gets the error
+                if len(out) != len(live):
+                    raise RuntimeError(f"the model returned {len(out)} rows for {len(live)}")
+            except Exception as exc:  # every waiter gets the error; the collector lives on
                 logger.exception("embedding a batch of %d failed", len(live))
                 for _, future in live:
                     if not future.done():

@@ -14,19 +14,21 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-# flags -> Settings fields; each also reads VITRIEVAL_<FIELD> from the environment
-_FLAGS = {
-    "model": "model",
-    "index": "index",
-    "host": "host",
-    "port": "port",
-    "workers": "workers",
-    "device": "device",
-    "max_batch_size": "max_batch_size",
-    "max_batch_wait_ms": "max_batch_wait_ms",
-    "max_body_bytes": "max_body_bytes",
-    "request_timeout_s": "request_timeout_s",
-}
+# flags named after Settings fields; each field also reads VITRIEVAL_<FIELD>
+_SETTINGS_FLAGS = (
+    "model",
+    "index",
+    "host",
+    "port",
+    "workers",
+    "device",
+    "read_only",
+    "batching",
+    "max_batch_size",
+    "max_batch_wait_ms",
+    "max_body_bytes",
+    "request_timeout_s",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,10 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .settings import Settings
     from .state import ServiceState, StartupError
 
-    overrides = {field: getattr(args, flag) for flag, field in _FLAGS.items()}
-    overrides["read_only"] = args.read_only
-    overrides["batching"] = args.batching
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = {name: getattr(args, name) for name in _SETTINGS_FLAGS}
+    overrides = {name: value for name, value in overrides.items() if value is not None}
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -112,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=settings.port,
             workers=settings.workers,
             log_level=args.log_level,
+            limit_concurrency=settings.max_concurrency,
         )
         return 0
     from .app import create_app
@@ -122,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=settings.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=10,
+        limit_concurrency=settings.max_concurrency,
     )
     return 0
 

@@ -81,7 +81,7 @@ async def _read_json(request: Request, model: type[M]) -> tuple[M, bytes | None]
         raise ApiError(422, "invalid_request", "the request body is empty")
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, too-long ints, nesting
         raise ApiError(400, "invalid_json", f"the body is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", "the JSON body must be an object")
@@ -105,7 +105,7 @@ def decode_base64(text: str, field: str) -> bytes:
 def _json_field(text: str, field: str) -> Any:
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise ApiError(422, "invalid_request", f"{field} must be a JSON object") from None
 
 

@@ -17,11 +17,13 @@ from .errors import ApiError, error_response
 from .metrics import ServiceMetrics
 
 
+def _too_large(limit: int) -> str:
+    return f"request body exceeds the limit of {limit:,} bytes"
+
+
 class _BodyTooLarge(ApiError):
     def __init__(self, limit: int) -> None:
-        super().__init__(
-            413, "request_too_large", f"request body exceeds the limit of {limit:,} bytes"
-        )
+        super().__init__(413, "request_too_large", _too_large(limit))
 
 
 class LimitsMiddleware:
@@ -85,9 +87,7 @@ class LimitsMiddleware:
 
 class _BodyTooLargeResponse:
     def __init__(self, limit: int) -> None:
-        self.response = error_response(
-            413, "request_too_large", f"request body exceeds the limit of {limit:,} bytes"
-        )
+        self.response = error_response(413, "request_too_large", _too_large(limit))
         # the body is not read: tell the client this connection ends here
         self.response.headers["Connection"] = "close"
 
@@ -129,10 +129,14 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, status_send)
         finally:
-            route = _route_template(scope)
+            # any token is a valid HTTP method: bound the label's values
+            method = scope["method"] if scope["method"] in _METHODS else "OTHER"
             self.metrics.observe_request(
-                scope["method"], route, status, time.perf_counter() - started
+                method, _route_template(scope), status, time.perf_counter() - started
             )
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _route_template(scope: Scope) -> str:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_K = 1000
+MAX_VECTOR_LENGTH = 4096
+MAX_METADATA_BYTES = 64 * 1024
+MAX_METADATA_DEPTH = 16
 KEY_PATTERN = r"^[^\x00-\x1f\x7f]{1,512}$"  # printable, 1-512 characters
 
 
@@ -22,7 +26,9 @@ class SearchRequest(Strict):
     label: str | None = Field(None, description="only return items with this label")
     image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
     key: str | None = Field(None, description="query with this indexed item's vector")
-    vector: list[float] | None = Field(None, description="query with this vector")
+    vector: list[float] | None = Field(
+        None, max_length=MAX_VECTOR_LENGTH, description="query with this vector"
+    )
     exclude_self: bool = Field(
         True, description="with `key`: leave the query item itself out of the hits"
     )
@@ -59,10 +65,31 @@ class ItemCreate(Strict):
 
     key: str = Field(pattern=KEY_PATTERN)
     label: str | None = Field(None, max_length=512)
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(
+        None, description=f"a JSON object, at most {MAX_METADATA_BYTES // 1024} KiB"
+    )
     image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
-    vector: list[float] | None = Field(None, description="add this vector instead of an image")
+    vector: list[float] | None = Field(
+        None, max_length=MAX_VECTOR_LENGTH, description="add this vector instead of an image"
+    )
     replace: bool = Field(False, description="overwrite an item with the same key")
+
+    @field_validator("metadata")
+    @classmethod
+    def _storable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Metadata is returned with every hit, so it must serialise back: finite
+        numbers, valid Unicode, bounded depth and size."""
+        if value is None:
+            return None
+        if _depth(value) > MAX_METADATA_DEPTH:
+            raise ValueError(f"metadata nests deeper than {MAX_METADATA_DEPTH} levels")
+        try:
+            encoded = json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (ValueError, TypeError, UnicodeEncodeError) as exc:
+            raise ValueError(f"metadata is not storable as JSON ({exc})") from None
+        if len(encoded) > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is larger than {MAX_METADATA_BYTES} bytes as JSON")
+        return value
 
 
 class ItemOut(BaseModel):
@@ -74,8 +101,7 @@ class ItemOut(BaseModel):
 
 
 class ItemWritten(ItemOut):
-    replaced: bool = False
-    durable: bool = Field(True, description="journalled to disk before this answer")
+    replaced: bool = Field(False, description="an item with this key was overwritten")
 
 
 class ItemDeleted(BaseModel):
@@ -86,7 +112,7 @@ class ItemDeleted(BaseModel):
 class LabelledQuery(Strict):
     label: str
     image_base64: str | None = None
-    vector: list[float] | None = None
+    vector: list[float] | None = Field(None, max_length=MAX_VECTOR_LENGTH)
 
     @model_validator(mode="after")
     def _one_input(self) -> LabelledQuery:
@@ -117,3 +143,14 @@ class EvaluateRequest(Strict):
 class Status(BaseModel):
     status: str
     checks: dict[str, Any] = Field(default_factory=dict)
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    """Nesting depth of a JSON value (iterative bound: stops counting past the limit)."""
+    if level > MAX_METADATA_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level)
+    return level - 1

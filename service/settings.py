@@ -11,8 +11,10 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_KEY_LENGTH = 12
 
 
 class Settings(BaseSettings):
@@ -52,7 +54,10 @@ class Settings(BaseSettings):
     # limits
     max_body_bytes: int = Field(20 * 2**20, ge=1024, description="larger requests get 413")
     max_pixels: int = Field(40_000_000, ge=1, description="larger images get 413")
-    max_k: int = Field(1000, ge=1)
+    max_k: int = Field(1000, ge=1, le=1000, description="largest k a search may ask for")
+    max_concurrency: int = Field(
+        512, ge=1, description="connections and requests at once; more get 503 at once"
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="slower requests get 503")
     max_evaluate_items: int = Field(
         20_000, ge=2, description="largest set /v1/evaluate ranks exactly (O(n^2))"
@@ -68,6 +73,13 @@ class Settings(BaseSettings):
     store_uploads: bool = Field(
         True, description="keep images added through /v1/items under INDEX/uploads (thumbnails)"
     )
+
+    @field_validator("api_key", "read_api_key")
+    @classmethod
+    def _long_enough(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and len(key.get_secret_value().strip()) < MIN_KEY_LENGTH:
+            raise ValueError(f"API keys must be at least {MIN_KEY_LENGTH} characters")
+        return key
 
     @model_validator(mode="after")
     def _check_mutations(self) -> Settings:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from index.atomic import atomic_write_bytes
+from index.atomic import atomic_write_bytes, fsync_dir
 from index.embedder import Embedder
 from index.store import IndexStore
 
@@ -61,13 +61,12 @@ class ServiceState:
     self_check: dict[str, Any] = field(default_factory=dict)
     ready: bool = False
     started: float = field(default_factory=time.time)
-    last_checkpoint: float = field(default_factory=time.monotonic)
+    evaluating: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
     def load(cls, settings: Settings, metrics: ServiceMetrics | None = None) -> ServiceState:
         """Load the model and the index and run the self-check; StartupError on failure."""
         from index.images import ImageDecodeError
-        from index.model_metadata import ModelMetadataError
         from index.store import StoreError
 
         if settings.model is None or settings.index is None:
@@ -81,9 +80,7 @@ class ServiceState:
                 intra_op_threads=settings.intra_op_threads,
                 max_pixels=settings.max_pixels,
             )
-        except (ModelMetadataError, OSError, ValueError) as exc:
-            raise StartupError(f"cannot load model {settings.model}: {exc}") from None
-        except Exception as exc:  # ONNX Runtime reports a bad file with its own types
+        except Exception as exc:  # ModelMetadataError, OSError, and ONNX Runtime's own types
             raise StartupError(f"cannot load model {settings.model}: {exc}") from None
         try:
             store = IndexStore.open(
@@ -140,7 +137,9 @@ class ServiceState:
         loop = asyncio.get_running_loop()
         try:
             image = await loop.run_in_executor(self.decode_pool, self.embedder.prepare, data)
-        except Exception as exc:
+        except (MemoryError, RuntimeError):
+            raise  # the server's trouble (memory, a pool shut down), not the image's
+        except Exception as exc:  # hostile files make PIL plugins raise assorted types
             raise image_error(exc) from None
         timings.decode = _elapsed_ms(started)
         self.metrics.observe_stage("decode", timings.decode / 1000)
@@ -157,15 +156,20 @@ class ServiceState:
         """Encoded image -> float32 (D,) unit vector, through decode pool and batcher."""
         return await self.embed(await self.decode(data, timings), timings)
 
-    def save_upload(self, data: bytes) -> str | None:
-        """Keep an image added through the API (for thumbnails); returns its path."""
+    def save_upload(self, data: bytes) -> tuple[Path | None, bool]:
+        """Keep an image added through the API (for thumbnails), named by its content
+        hash; returns (its path, whether this call created it) or (None, False)."""
         if not self.settings.store_uploads:
-            return None
+            return None, False
         digest = hashlib.sha256(data).hexdigest()
         path = Path(self.store.directory).resolve() / UPLOADS_DIR / digest[:2] / digest
-        if not path.exists():
-            atomic_write_bytes(path, data)
-        return str(path)
+        if path.exists():
+            return path, False
+        folders = [p for p in (path.parent.parent, path.parent) if not p.exists()]
+        atomic_write_bytes(path, data)
+        for folder in folders:  # new folders' own entries must survive a power cut too
+            fsync_dir(folder.parent)
+        return path, True
 
     def check_vector(self, values: list[float]) -> np.ndarray:
         vector = np.asarray(values, dtype=np.float32)

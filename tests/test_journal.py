@@ -183,3 +183,25 @@ def test_sigkill_keeps_every_acknowledged_mutation(saved_index) -> None:
         record = store.get(key)
         assert record.vector.shape == (16,)
         assert abs(float(np.linalg.norm(record.vector)) - 1) < 1e-5
+
+
+def test_one_journalling_writer_at_a_time(saved_index) -> None:
+    """A second writer would truncate journal rows it never applied: refused."""
+    directory, x = saved_index
+    server = IndexStore.open(directory, journal=True)
+    server.add(["by-server"], x[:1] * 1.0)
+    with pytest.raises(StoreError, match="already open for writing"):
+        IndexStore.open(directory, journal=True)
+    cli = IndexStore.open(directory)  # reading (and replaying) is fine
+    assert "by-server" in cli
+    cli.add(["by-cli"], x[1:2])
+    with pytest.raises(StoreError, match="already open for writing"):
+        cli.save()
+    cli.close()
+    server.close()  # releases the folder
+    again = IndexStore.open(directory, journal=True)
+    assert "by-server" in again and "by-cli" not in again
+    assert again.journal_pending == 1
+    again.save()
+    assert again.journal_pending == 0
+    again.close()

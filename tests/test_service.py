@@ -164,6 +164,20 @@ def test_label_filter(client, gallery) -> None:
         ({"json": {"image_base64": "%%% not base64"}}, 422, "invalid_base64"),
         ({"json": {"key": "digits/00001", "surprise": 1}}, 422, "invalid_request"),
         ({"json": [1, 2]}, 422, "invalid_request"),
+        ({"json": {"vector": [0.1] * 5000}}, 422, "invalid_request"),
+        (
+            {"content": b"[" * 50000, "headers": {"content-type": "application/json"}},
+            400,
+            "invalid_json",
+        ),
+        (
+            {
+                "content": b'{"k": ' + b"1" * 5000 + b"}",
+                "headers": {"content-type": "application/json"},
+            },
+            400,
+            "invalid_json",
+        ),
         (
             {"content": b"{not json", "headers": {"content-type": "application/json"}},
             400,
@@ -221,7 +235,7 @@ def test_item_lifecycle(client) -> None:
     )
     assert created.status_code == 201, created.text
     assert created.json() | {"metadata": meta} == created.json()
-    assert created.json()["durable"] is True and created.json()["has_image"] is True
+    assert created.json()["replaced"] is False and created.json()["has_image"] is True
 
     got = client.get("/v1/items/shop/astronaut")
     assert got.status_code == 200
@@ -281,6 +295,46 @@ def test_items_by_vector_and_their_errors(client) -> None:
     assert form.status_code == 422 and "metadata" in form.json()["detail"]
 
 
+def test_metadata_must_round_trip(client) -> None:
+    """Metadata comes back with every hit: what could not be serialised is refused
+    before it is stored, so one bad item cannot break searches."""
+    vector = [1.0] + [0.0] * 127
+    deep: dict = {}
+    node = deep
+    for _ in range(40):
+        node["x"] = {}
+        node = node["x"]
+    bad = {
+        "nan": '{"price": NaN}',
+        "surrogate": '{"name": "\\ud800"}',
+        "deep": json.dumps(deep),
+        "huge": json.dumps({"blob": "x" * 70_000}),
+        "not an object": "[1, 2]",
+    }
+    for name, metadata in bad.items():
+        body = f'{{"key": "m", "vector": {json.dumps(vector)}, "metadata": {metadata}}}'
+        response = client.post(
+            "/v1/items", headers={**AUTH, "content-type": "application/json"}, content=body
+        )
+        assert response.status_code == 422, (name, response.text)
+    assert client.get("/v1/items/m").status_code == 404
+    hits = client.post("/v1/search", json={"vector": vector, "k": 3})
+    assert hits.status_code == 200
+
+
+def test_short_keys_are_refused() -> None:
+    for key in ("", "   ", "short"):
+        with pytest.raises(ValidationError, match="at least 12 characters"):
+            Settings(api_key=key)
+
+
+def test_odd_methods_share_one_metrics_label(client) -> None:
+    for method in ("FOO1", "FOO2", "BAR"):
+        assert client.request(method, "/v1/search").status_code in (400, 404, 405)
+    text = client.get("/metrics").text
+    assert 'method="OTHER"' in text and "FOO1" not in text
+
+
 def test_mutations_need_the_key(client) -> None:
     photo = photo_bytes("PNG")
     for headers in ({}, {"X-API-Key": "wrong"}, {"X-API-Key": KEY + "x"}):
@@ -295,10 +349,12 @@ def test_mutations_need_the_key(client) -> None:
 
 def test_read_key_and_read_only(digits_gallery, served_index, gallery) -> None:
     key = gallery[0].key
-    with make_client(digits_gallery["model"], served_index, read_api_key="reader") as c:
+    with make_client(digits_gallery["model"], served_index, read_api_key="reader-key-0001") as c:
         assert c.post("/v1/search", json={"key": key}).status_code == 401
         assert c.get("/v1/info").status_code == 401
-        assert c.post("/v1/search", json={"key": key}, headers={"X-API-Key": "reader"}).is_success
+        assert c.post(
+            "/v1/search", json={"key": key}, headers={"X-API-Key": "reader-key-0001"}
+        ).is_success
         assert c.post("/v1/search", json={"key": key}, headers=AUTH).is_success
         assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
     with make_client(digits_gallery["model"], served_index, api_key=None, read_only=True) as c:

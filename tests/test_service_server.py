@@ -18,7 +18,7 @@ from hostile_images import png_bomb
 from PIL import Image
 from serving import Server
 
-KEY = "server-test-key"
+KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}
 ENV = {"VITRIEVAL_API_KEY": KEY}
 

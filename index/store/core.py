@@ -20,7 +20,7 @@ from . import manifest as mf
 from .checks import as_matrix, check_keys, check_unit, metadata_column, text_column
 from .errors import KeyExistsError, StoreError
 from .items import Hit, ItemRecord, ItemTable, Row
-from .journal import JOURNAL_FILE, Journal
+from .journal import JOURNAL_FILE, Journal, JournalOwner
 from .vectors import VectorIndex, check_gpu_mode
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ class IndexStore:
         self._journal: Journal | None = None
         self._journaling = False
         self._journal_seq = 0  # last journal row reflected in memory
+        self._journal_pending = 0  # its rows no save has committed (read without the lock)
+        self._journal_owner: JournalOwner | None = None
         # whether this factory ever needs training (IVF, PQ), independent of the state now
         self._trainable = not VectorIndex.create(dim, factory, "cpu").is_trained
 
@@ -218,9 +220,17 @@ class IndexStore:
     def _attach_journal(self, *, create: bool) -> None:
         """Replay the folder's journal; with `create`, journal every later mutation."""
         path = self.directory / JOURNAL_FILE
-        journal = (
-            Journal(path, self.dim) if create else Journal.open_existing(self.directory, self.dim)
-        )
+        try:
+            if create:
+                self._journal_owner = JournalOwner(self.directory)
+            journal = (
+                Journal(path, self.dim)
+                if create
+                else Journal.open_existing(self.directory, self.dim)
+            )
+        except BaseException:
+            self.close()
+            raise
         if journal is None:
             return
         try:
@@ -239,6 +249,7 @@ class IndexStore:
                     self.remove([entry.key])
                 self._journal_seq = entry.seq
                 replayed += 1
+                self._journal_pending = replayed
         except BaseException:
             journal.close()
             self.close()
@@ -296,8 +307,8 @@ class IndexStore:
     @property
     def journal_pending(self) -> int:
         """Mutations in the journal that no save has committed yet."""
-        with self._lock:
-            return len(self._journal) if self._journal is not None else 0
+        # no lock: /metrics and the checkpoint poll read this while a save holds it
+        return self._journal_pending
 
     def needs_training(self) -> bool:
         """Whether train() must run before add() (IVF and PQ factories)."""
@@ -392,6 +403,7 @@ class IndexStore:
             self._journal.discard(before)
             self._journal_seq = before
             raise
+        self._journal_pending += len(keys)
 
     def _remove_ids(self, ids: np.ndarray) -> None:
         """Delete live `ids` from SQLite and FAISS (inside the caller's transaction)."""
@@ -507,6 +519,8 @@ class IndexStore:
             if not self._dirty and self._model_source is None:
                 return
             self.directory.mkdir(parents=True, exist_ok=True)
+            if self._journal_owner is None:
+                JournalOwner.check_free(self.directory)  # a server owns this index
             with mf.writer_lock(self.directory):
                 on_disk = mf.committed_generation(self.directory)
                 if on_disk != self._base_generation:
@@ -546,6 +560,7 @@ class IndexStore:
         keep = set(files) | ({model.file} if model and model.file else set())
         if self._journal is not None:
             self._journal.truncate(self._journal_seq)
+            self._journal_pending = 0
         removed = mf.remove_stale(self.directory, keep)
         logger.debug("committed generation %d; removed %s", generation, removed)
 
@@ -610,6 +625,9 @@ class IndexStore:
             if self._journal is not None:
                 self._journal.close()
                 self._journal = None
+            if self._journal_owner is not None:
+                self._journal_owner.release()
+                self._journal_owner = None
 
     def __enter__(self) -> IndexStore:
         return self

@@ -22,7 +22,9 @@ Table::
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ import numpy as np
 from .errors import StoreError
 
 JOURNAL_FILE = "journal.sqlite"
+JOURNAL_LOCK_FILE = ".journal.lock"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ops (
@@ -58,6 +61,43 @@ class JournalEntry:
     path: str | None
     metadata: dict
     vector: np.ndarray | None
+
+
+class JournalWriteError(StoreError):
+    """The journal could not be written (a full or failing disk): the server's fault,
+    not the client's."""
+
+
+class JournalOwner:
+    """An exclusive lock on INDEX/.journal.lock, held for the whole life of a store
+    that journals (a server): a second journalling store, or a plain store's save(),
+    would otherwise truncate rows it never applied. The kernel drops the lock when the
+    holder dies, so a crash never leaves the index locked."""
+
+    def __init__(self, directory: Path) -> None:
+        self._fd: int | None = os.open(directory / JOURNAL_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise StoreError(
+                f"{directory} is already open for writing by another process (a running "
+                "vitrieval-serve?); stop it first"
+            ) from None
+
+    @staticmethod
+    def check_free(directory: Path) -> None:
+        """StoreError if another process owns the folder's journal right now."""
+        path = directory / JOURNAL_LOCK_FILE
+        if not path.exists():
+            return
+        JournalOwner(directory).release()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class Journal:
@@ -126,7 +166,9 @@ class Journal:
         except sqlite3.Error as exc:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
-            raise StoreError(f"{self.path}: cannot write the mutation journal ({exc})") from None
+            raise JournalWriteError(
+                f"{self.path}: cannot write the mutation journal ({exc})"
+            ) from None
         return int(last)
 
     def discard(self, after: int) -> None:

@@ -20,11 +20,12 @@ from index.store import StoreError
 
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses
-from ..inputs import openapi_body, read_body
-from ..schemas import EvaluateRequest
-from ..state import Timings
+from ..inputs import decode_base64, openapi_body, read_body
+from ..schemas import EvaluateRequest, LabelledQuery
+from ..state import ServiceState, Timings
 
 router = APIRouter(prefix="/v1", tags=["evaluate"], dependencies=[ReadAccess])
+_EMBED_WINDOW = 64
 
 
 @router.post(
@@ -32,10 +33,23 @@ router = APIRouter(prefix="/v1", tags=["evaluate"], dependencies=[ReadAccess])
     summary="Recall@K, mAP, MAP@R and R-Precision over the labelled items",
     openapi_extra=openapi_body(EvaluateRequest, None),
     response_model=dict[str, Any],
-    responses=error_responses(400, 401, 413, 415, 422),
+    responses=error_responses(400, 401, 413, 415, 422, 429),
 )
 async def evaluate(request: Request, state: ServiceDep) -> dict[str, Any]:
     body, _ = await read_body(request, EvaluateRequest, image_field=None)
+    # exact ranking is O(n^2) CPU: one evaluation at a time, others are told to wait
+    if state.evaluating.locked():
+        raise ApiError(
+            429,
+            "busy",
+            "an evaluation is running; retry when it ends",
+            headers={"Retry-After": "5"},
+        )
+    async with state.evaluating:
+        return await _evaluate(state, body)
+
+
+async def _evaluate(state: ServiceState, body: EvaluateRequest) -> dict[str, Any]:
     try:
         _, labels, vectors = await asyncio.to_thread(
             state.store.labelled_items, state.settings.max_evaluate_items
@@ -47,28 +61,35 @@ async def evaluate(request: Request, state: ServiceDep) -> dict[str, Any]:
     if len(labels) < 2:
         raise ApiError(422, "not_enough_items", "the index holds fewer than 2 labelled items")
     if body.mode == "leave-one-out":
-        job = lambda: retrieval_metrics(vectors, labels, body.ks)  # noqa: E731
+        metrics = await asyncio.to_thread(retrieval_metrics, vectors, labels, body.ks)
     else:
-        queries = np.stack(
-            [
-                state.check_vector(q.vector)
-                if q.vector is not None
-                else await _embed_base64(state, q.image_base64)
-                for q in body.queries
-            ]
+        queries = await _query_vectors(state, body.queries)
+        metrics = await asyncio.to_thread(
+            retrieval_metrics,
+            queries,
+            [q.label for q in body.queries],
+            body.ks,
+            gallery_embeddings=vectors,
+            gallery_labels=labels,
         )
-        query_labels = [q.label for q in body.queries]
-        job = lambda: retrieval_metrics(  # noqa: E731
-            queries, query_labels, body.ks, gallery_embeddings=vectors, gallery_labels=labels
-        )
-    metrics = await asyncio.to_thread(job)
     return {"mode": body.mode, "n_items": len(labels), **_finite(metrics)}
 
 
-async def _embed_base64(state, encoded: str) -> np.ndarray:
-    from ..inputs import decode_base64
+async def _query_vectors(state: ServiceState, queries: list[LabelledQuery]) -> np.ndarray:
+    """float32 (Q, D): vectors as given (normalised), images embedded through the batcher
+    a window at a time, so they share model calls without flooding the queue."""
 
-    return await state.embed_bytes(decode_base64(encoded, "image_base64"), Timings())
+    async def one(query: LabelledQuery) -> np.ndarray:
+        if query.vector is not None:
+            return state.check_vector(query.vector)
+        data = decode_base64(query.image_base64, "image_base64")
+        return await state.embed_bytes(data, Timings())
+
+    rows: list[np.ndarray] = []
+    for start in range(0, len(queries), _EMBED_WINDOW):
+        window = queries[start : start + _EMBED_WINDOW]
+        rows.extend(await asyncio.gather(*(one(q) for q in window)))
+    return np.stack(rows)
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, Any]:

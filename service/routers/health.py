@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -32,7 +33,14 @@ async def readyz(request: Request) -> Any:
     state = getattr(request.app.state, "service", None)
     if state is None or not state.ready:
         return JSONResponse({"status": "loading", "checks": {}}, status_code=503)
-    checks = {"model": True, "index": True, "self_check": state.self_check}
+    checks = {
+        "model": True,
+        "index": True,
+        "self_check": state.self_check,
+        "batcher": state.batcher.alive,
+    }
+    if not state.batcher.alive:
+        return JSONResponse({"status": "failing", "checks": checks}, status_code=503)
     return Status(status="ready", checks=checks)
 
 
@@ -44,7 +52,7 @@ async def readyz(request: Request) -> Any:
 )
 async def info(state: ServiceDep) -> dict[str, Any]:
     meta = state.embedder.metadata
-    index = state.store.info()
+    index = await asyncio.to_thread(state.store.info)  # waits out a running save
     settings = state.settings
     return {
         "version": __version__,

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi import Path as PathParam
 from PIL import Image
 
 from index.images import open_image
 from index.store import KeyExistsError, StoreError
+from index.store.journal import JournalWriteError
 
 from ..deps import ReadAccess, ServiceDep, WriteAccess
 from ..errors import ApiError, error_responses
@@ -35,7 +37,7 @@ _ITEM_FORM = {
     "metadata": {"type": "string", "description": "a JSON object"},
     "replace": {"type": "boolean", "default": False},
 }
-KeyPath = Annotated[str, "the item's key"]
+KeyPath = Annotated[str, PathParam(description="the item's key (slashes allowed)")]
 
 
 @router.post(
@@ -45,7 +47,7 @@ KeyPath = Annotated[str, "the item's key"]
     summary="Add an item (image or vector) under a key",
     dependencies=[WriteAccess],
     openapi_extra=openapi_body(ItemCreate, _ITEM_FORM),
-    responses=error_responses(400, 401, 403, 409, 413, 415, 422),
+    responses=error_responses(400, 401, 403, 409, 413, 415, 422, 503),
 )
 async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
     item, image = await read_body(request, ItemCreate)
@@ -53,29 +55,25 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
         raise ApiError(422, "invalid_request", "give exactly one of: an image, or a vector")
     if image is not None:
         vector = await state.embed_bytes(image, Timings())
-        path = await asyncio.to_thread(state.save_upload, image)
+        path, created = await asyncio.to_thread(state.save_upload, image)
     else:
-        vector, path = state.check_vector(item.vector), None
+        vector, path, created = state.check_vector(item.vector), None, False
     metadata = item.metadata or {}
-    replaced = False
     try:
-        if item.replace:
-            replaced = await asyncio.to_thread(state.store.__contains__, item.key)
+        replaced = item.replace and await asyncio.to_thread(state.store.__contains__, item.key)
         await asyncio.to_thread(
             state.store.add,
             [item.key],
             vector[None, :],
             labels=[item.label],
-            paths=[path],
+            paths=[str(path) if path else None],
             metadata=[metadata],
             replace=item.replace,
         )
-    except KeyExistsError:
-        raise ApiError(
-            409, "key_exists", f"an item with key {item.key!r} exists; send replace=true"
-        ) from None
     except StoreError as exc:
-        raise ApiError(409, "index_refused", str(exc)) from None
+        if created:  # nobody refers to the upload: do not leave it behind
+            path.unlink(missing_ok=True)
+        raise _store_error(exc) from None
     return ItemWritten(
         key=item.key,
         label=item.label,
@@ -144,10 +142,18 @@ async def delete_item(key: KeyPath, state: ServiceDep) -> ItemDeleted:
     try:
         removed = await asyncio.to_thread(state.store.remove, [key])
     except StoreError as exc:
-        raise ApiError(409, "index_refused", str(exc)) from None
+        raise _store_error(exc) from None
     if not removed:
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")
     return ItemDeleted(key=key, deleted=True)
+
+
+def _store_error(exc: StoreError) -> ApiError:
+    if isinstance(exc, KeyExistsError):
+        return ApiError(409, "key_exists", f"{exc}; send replace=true to overwrite")
+    if isinstance(exc, JournalWriteError):  # a full or failing disk: nothing was stored
+        return ApiError(503, "storage_unavailable", str(exc))
+    return ApiError(409, "index_refused", str(exc))  # e.g. an IVF index not trained yet
 
 
 def _thumbnail(path: Path, size: int, max_pixels: int) -> bytes | None:
