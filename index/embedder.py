@@ -70,7 +70,8 @@ class Embedder:
     decompression bombs in `embed_sources`. JPEG files are decoded at reduced scale
     when the model shrinks them anyway (`exact_decode=False`, the default: 2-4x faster
     decoding, embeddings within cosine 0.999 of the exact path); `exact_decode=True`
-    decodes every pixel.
+    decodes every pixel. `spin_wait=False` stops ONNX Runtime's threads busy-waiting
+    between calls (what a server sharing its cores wants).
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class Embedder:
         intra_op_threads: int | None = None,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         exact_decode: bool = False,
+        spin_wait: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -91,7 +93,7 @@ class Embedder:
         self.decode_threads = decode_threads or min(4, os.cpu_count() or 1)
         self.max_pixels = max_pixels
         providers = select_providers(device)
-        self._session = _create_session(self.model_path, providers, intra_op_threads)
+        self._session = _create_session(self.model_path, providers, intra_op_threads, spin_wait)
         self.provider: str = self._session.get_providers()[0]
         if self.provider != providers[0][0]:
             logger.warning(
@@ -299,7 +301,10 @@ def select_providers(device: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _create_session(
-    path: Path, providers: list[tuple[str, dict[str, Any]]], intra_op_threads: int | None
+    path: Path,
+    providers: list[tuple[str, dict[str, Any]]],
+    intra_op_threads: int | None,
+    spin_wait: bool = True,
 ) -> ort.InferenceSession:
     if not path.is_file():
         raise ModelMetadataError(f"model file not found: {path}")
@@ -307,6 +312,11 @@ def _create_session(
     options.log_severity_level = 3  # ORT's own warnings are noise here; we log our own
     if intra_op_threads:
         options.intra_op_num_threads = intra_op_threads
+    if not spin_wait:
+        # ORT's threads busy-wait between calls by default: fastest on a machine of its
+        # own, a waste of the cores a server shares with its event loop and decoding
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:
@@ -315,7 +325,7 @@ def _create_session(
         # A GPU provider can fail at session creation (driver, cuDNN, out of memory):
         # CPU is slower but correct, so fall back rather than fail.
         logger.warning("cannot create a %s session (%s); falling back to CPU", providers[0][0], exc)
-        return _create_session(path, [(CPU, {})], intra_op_threads)
+        return _create_session(path, [(CPU, {})], intra_op_threads, spin_wait)
 
 
 def _read_metadata(session: ort.InferenceSession, path: Path) -> ModelMetadata:

@@ -11,8 +11,9 @@ Why: on CPU and GPU alike one call on B images costs far less than B calls on on
 latency a lone query pays for it: with one client the batch closes after
 `max_wait_s`; under load batches fill up without waiting at all.
 
-With batching disabled every query calls the model on its own, concurrently in the
-thread pool: the baseline the load benchmark compares against.
+With batching disabled every query calls the model on its own: one at a time by
+default (`unbatched_threads=1`, the baseline the load benchmark compares against), or
+several calls at once on more threads.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class DynamicBatcher:
         max_batch: int = 32,
         max_wait_s: float = 0.002,
         on_batch: Callable[[int], None] | None = None,
-        unbatched_threads: int = 4,
+        unbatched_threads: int = 1,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")

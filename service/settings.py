@@ -45,10 +45,18 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N | tensorrt")
     batching: bool = Field(True, description="dynamic batching of concurrent queries")
     max_batch_size: int = Field(32, ge=1, le=1024)
+    unbatched_concurrency: int = Field(
+        1, ge=1, le=64, description="with batching off: model calls at once (1: one at a time)"
+    )
     max_batch_wait_ms: float = Field(
         2.0, ge=0, le=1000, description="how long the first query of a batch waits for more"
     )
     intra_op_threads: int | None = Field(None, ge=1, description="ONNX Runtime threads")
+    ort_spin_wait: bool = Field(
+        False,
+        description="let ONNX Runtime's threads busy-wait between calls: a little faster on "
+        "a dedicated machine, about a third more CPU per request when cores are shared",
+    )
     decode_threads: int = Field(4, ge=1, description="threads decoding uploaded images")
 
     # limits

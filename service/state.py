@@ -79,6 +79,7 @@ class ServiceState:
                 batch_size=settings.max_batch_size,
                 intra_op_threads=settings.intra_op_threads,
                 max_pixels=settings.max_pixels,
+                spin_wait=settings.ort_spin_wait,
             )
         except Exception as exc:  # ModelMetadataError, OSError, and ONNX Runtime's own types
             raise StartupError(f"cannot load model {settings.model}: {exc}") from None
@@ -97,6 +98,7 @@ class ServiceState:
             max_batch=settings.max_batch_size,
             max_wait_s=settings.max_batch_wait_ms / 1000,
             on_batch=metrics.batch_size.observe,
+            unbatched_threads=settings.unbatched_concurrency,
         )
         state = cls(
             settings=settings,
