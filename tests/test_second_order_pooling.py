@@ -1,4 +1,4 @@
-"""C-CBP (eq. 10) and JCF (eq. 13): identity, parameter counts, naive references, export."""
+"""C-CBP (eq. 10) and JCF (eq. 13): identity, parameter counts, references, FLOPs, CLI, export."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+import yaml
+from safetensors.torch import load_file
+from torch.utils.flop_counter import FlopCounterMode
 
-from training.config import FitConfig
+from training.cli import build_parser, main
+from training.config import FitConfig, config_from_args
 from training.export import export_model, model_metadata
+from training.flops import model_flops, pooling_flops
 from training.model import build_model
 from training.pooling import CCBP, JCF, create_pooling, pooling_names
+from training.trainer import model_from_config
 
 SMALL = {"in_dim": 12, "d": 8, "out_dim": 6, "codebook": 5}
 
@@ -214,3 +220,113 @@ def test_onnx_export_parity_with_options(tmp_path, pool):
     assert out.shape == (4, 48)
     with torch.no_grad():
         np.testing.assert_allclose(out, model(torch.from_numpy(x)).numpy(), atol=1e-4)
+
+
+def counted(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("cls", [CCBP, JCF])
+def test_analytic_flops_match_the_flop_counter(cls):
+    # 2 FLOPs per multiply-add of every matrix product, as FlopCounterMode counts them.
+    torch.manual_seed(8)
+    module = cls(**SMALL, **({"rank": 3} if cls is JCF else {}))
+    batch, prefix, tokens = 3, 2, 7
+    patches = torch.randn(batch, prefix + tokens, SMALL["in_dim"], requires_grad=True)
+    formula = pooling_flops(module, tokens, SMALL["in_dim"])
+    t, c, d, dim, n = tokens, SMALL["in_dim"], SMALL["d"], SMALL["out_dim"], SMALL["codebook"]
+    by_hand = 2 * t * c * d + 2 * t * d * n  # reduction, assignment
+    if cls is JCF:  # A^T h and B^T h, two Kronecker products with x, two factors
+        by_hand += 4 * t * n * 3 + 4 * t * 3 * d + 4 * t * 3 * d * dim
+    else:  # one Kronecker product h ⊗ x, two factors
+        by_hand += 2 * t * n * d + 4 * t * n * d * dim
+    assert formula["total"] == by_hand == 2 * 7 * 12 * 8 + 2 * 7 * 8 * 5 + formula["factorised"]
+    with torch.no_grad():
+        forward = counted(lambda: module(patches, num_prefix_tokens=prefix))
+    assert forward == batch * formula["total"]
+    # Training: every product also gives both input gradients, 3x the forward in all.
+    assert counted(lambda: module(patches, prefix).sum().backward()) == 3 * forward
+
+
+def test_analytic_model_flops_match_the_flop_counter():
+    options = {"d": 16, "out_dim": 24, "codebook": 4, "rank": 2}
+    images = torch.randn(2, 3, 32, 32)
+    totals = {}
+    for pool, dim in (("jcf", None), ("jcf", 20), ("avg", None)):
+        model = build_model("tiny", pool, dim=dim, pool_options=options if pool == "jcf" else {})
+        with torch.no_grad():
+            assert counted(lambda m=model: m(images)) == 2 * model_flops(model)["total"]
+        totals[pool, dim] = model_flops(model)
+    # tiny: 64 patches of 4x4x3, 65 tokens of width 128, 4 blocks with MLP width 256.
+    per_block = 2 * 65 * 128 * 384 + 4 * 65 * 65 * 128 + 2 * 65 * 128 * 128 + 4 * 65 * 128 * 256
+    assert totals["avg", None]["backbone"] == 2 * 64 * 48 * 128 + 4 * per_block
+    assert totals["avg", None]["pool"] == 0 and totals["jcf", 20]["proj"] == 2 * 24 * 20
+
+
+def test_jcf_factorised_flops_are_r_over_n_of_ccbp():
+    jcf, ccbp = JCF(192), CCBP(192)  # the paper's sizes: d 256, D 512, N 32, R 8
+    f_jcf, f_ccbp = pooling_flops(jcf, 64, 192), pooling_flops(ccbp, 64, 192)
+    assert f_jcf["project"] / f_ccbp["project"] == 8 / 32
+    # A^T h, B^T h and the Kronecker products move the whole ratio in the fourth digit only.
+    ratio = (4 * 8 * 256 * 512 + 4 * 32 * 8 + 4 * 8 * 256) / (4 * 32 * 256 * 512 + 2 * 32 * 256)
+    assert f_jcf["factorised"] / f_ccbp["factorised"] == pytest.approx(ratio, rel=1e-12)
+    assert 0.250 < ratio < 0.251
+    assert f_jcf["reduce"] == f_ccbp["reduce"] and f_jcf["assign"] == f_ccbp["assign"]
+
+
+SIZE_FLAGS = ["--pool-dim", "16", "--pool-out-dim", "24", "--pool-codebook", "6"]
+
+
+def test_pool_size_flags_reach_the_head(tmp_path):
+    args = build_parser().parse_args(
+        ["fit", "--out", "x", "--pool", "jcf", *SIZE_FLAGS, "--pool-rank", "3"]
+    )
+    model = model_from_config(config_from_args(args))
+    pool = model.pool
+    assert isinstance(pool, JCF) and model.embedding_dim == 24
+    assert pool.U_tilde.shape == pool.V_tilde.shape == (16, 24, 3)
+    assert pool.A.shape == (6, 3) and pool.codebook.shape == (6, 16)
+    assert pool.reduce.weight.shape == (16, 128)  # tiny preset tokens are 128 wide
+    args = build_parser().parse_args(["fit", "--out", "x", "--pool", "ccbp", *SIZE_FLAGS])
+    model = model_from_config(config_from_args(args))
+    assert isinstance(model.pool, CCBP) and model.pool.U.shape == (16, 24, 6)
+    # From a config file too; without the flags, the paper's sizes.
+    config = tmp_path / "c.yaml"
+    config.write_text("pool: jcf\npool_rank: 2\npool_dim: 8\n")
+    args = build_parser().parse_args(["fit", "--out", "x", "--config", str(config)])
+    assert model_from_config(config_from_args(args)).pool.U_tilde.shape == (8, 512, 2)
+    pool = model_from_config(FitConfig(out="x", pool="jcf")).pool
+    assert pool.U_tilde.shape == (256, 512, 8) and pool.A.shape == (32, 8)
+
+
+def test_fit_saves_and_uses_pool_size_flags(tmp_path):
+    run = tmp_path / "run"
+    fast = ["--epochs", "1", "--batch-size", "256", "--workers", "0", "--warmup-epochs", "0"]
+    args = ["fit", "--dataset", "digits", "--pool", "jcf", *SIZE_FLAGS, "--pool-rank", "3"]
+    assert main([*args, *fast, "--out", str(run)]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["pool_dim"], saved["pool_out_dim"], saved["pool_codebook"]) == (16, 24, 6)
+    assert saved["pool_rank"] == 3
+    weights = load_file(str(run / "model.safetensors"))
+    assert weights["pool.U_tilde"].shape == (16, 24, 3) and weights["pool.A"].shape == (6, 3)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--pool", "ggem", "--pool-rank", "4"], "--pool-rank is an option of --pool jcf;"),
+        (["--pool", "ccbp", "--pool-rank", "4"], "--pool ccbp does not take it"),
+        (["--pool", "avg", "--pool-dim", "64"], "--pool-dim is an option of --pool ccbp | jcf"),
+        (["--pool", "jcf", "--pool-groups", "3"], "--pool-groups is an option of --pool ggem"),
+        (["--pool", "jcf", "--pool-codebook", "0"], "--pool-codebook must be >= 1, got 0"),
+    ],
+)
+def test_pool_size_flags_refused_where_they_do_nothing(tmp_path, capsys, args, needle):
+    run = tmp_path / "r"
+    assert main(["fit", "--out", str(run), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert err.count("\n") == 1
+    assert not run.exists()

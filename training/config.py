@@ -28,6 +28,11 @@ class ConfigError(ValueError):
 PAIR_LOSSES = ("triplet", "supcon")
 """Losses that compare embeddings within a batch (no class proxies)."""
 
+METHODS = ("metric", "lacvit", "ce")
+"""`--method`: metric learning with `--loss` (the default); LaCViT's two stages (SupCon
+on two views, then a linear probe on the frozen encoder); plain cross-entropy training
+of encoder + linear head (the baseline LaCViT is compared with). See training/lacvit.py."""
+
 # Which config fields each loss's factory takes as options.
 LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
     "norm_softmax": ("temperature",),
@@ -40,7 +45,17 @@ LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
 POOL_OPTIONS: dict[str, dict[str, str]] = {
     "gem": {"p": "pool_p"},
     "ggem": {"p": "pool_p", "groups": "pool_groups"},
+    "ccbp": {"d": "pool_dim", "out_dim": "pool_out_dim", "codebook": "pool_codebook"},
+    "jcf": {
+        "d": "pool_dim",
+        "out_dim": "pool_out_dim",
+        "codebook": "pool_codebook",
+        "rank": "pool_rank",
+    },
 }
+
+POOL_HEAD_SIZES = ("pool_dim", "pool_out_dim", "pool_codebook", "pool_rank")
+"""Size options of the second-order heads (ccbp, jcf); None leaves the head's default."""
 
 
 def _opt(help: str, default: Any = None, **extra: Any) -> Any:
@@ -64,9 +79,13 @@ class FitConfig:
     pretrained: str | None = _opt("weights file (safetensors or state dict), or 'timm' for the hub")
     init: str | None = _opt("run folder whose model.safetensors initialises the whole model")
     freeze_backbone: bool = _opt("train only the pooling/projection head (and the loss)", False)
-    pool: str = _opt("pooling head: cls | avg | max | gem | ggem", "ggem")
+    pool: str = _opt("pooling head: cls | avg | max | gem | ggem | ccbp | jcf", "ggem")
     pool_p: float = _opt("initial exponent p of gem/ggem", 3.0)
     pool_groups: int | None = _opt("ggem groups (default: the backbone's number of heads)")
+    pool_dim: int | None = _opt("ccbp/jcf: width d of the reduced local features (default: 256)")
+    pool_out_dim: int | None = _opt("ccbp/jcf: output width D (default: 512)")
+    pool_codebook: int | None = _opt("ccbp/jcf: codebook size N (default: 32)")
+    pool_rank: int | None = _opt("jcf: number R of shared projectors (default: 8)")
     dim: int | None = _opt("project the pooled vector to this many dimensions (default: none)")
     drop_path: float = _opt("stochastic depth rate", 0.1)
     # loss
@@ -77,6 +96,11 @@ class FitConfig:
     sampler: str | None = _opt("random | pk (default: pk for triplet and supcon, else random)")
     classes_per_batch: int = _opt("P of the class-balanced P x K sampler", 8)
     samples_per_class: int = _opt("K of the class-balanced P x K sampler", 8)
+    # method (training/lacvit.py)
+    method: str = _opt("metric | lacvit | ce (lacvit: --epochs is stage 1)", "metric")
+    probe_epochs: int = _opt("lacvit stage 2: epochs of the linear probe (SGD)", 10)
+    probe_lr: float = _opt("lacvit stage 2: SGD learning rate of the linear probe", 0.1)
+    proj_dim: int = _opt("lacvit stage 1: output width of the projection head", 128)
     # optimisation
     epochs: int = _opt("training epochs", 80)
     batch_size: int = _opt("images per step", 64)
@@ -107,11 +131,16 @@ class FitConfig:
         cfg = FitConfig(**asdict(self))
         if cfg.layer_decay is None:
             cfg.layer_decay = 0.65 if cfg.pretrained else 1.0
+        if cfg.method == "lacvit":
+            cfg.loss = "supcon"  # stage 1's loss is the method's, whatever --loss says
+        elif cfg.method == "ce":
+            cfg.loss = "cross_entropy"
         if cfg.temperature is None:
             cfg.temperature = 0.1 if cfg.loss == "supcon" else 0.05
         if cfg.sampler is None:
             # pair-based losses need several images of a class in every batch
-            cfg.sampler = "pk" if cfg.loss in PAIR_LOSSES else "random"
+            # (LaCViT's two views of every image already give each anchor a positive)
+            cfg.sampler = "pk" if cfg.loss in PAIR_LOSSES and cfg.method == "metric" else "random"
         if cfg.hflip is None:
             cfg.hflip = 0.0 if cfg.dataset == "digits" else 0.5
         if cfg.workers is None:
@@ -136,16 +165,38 @@ class FitConfig:
             raise ConfigError(f"--test-fraction must lie in (0, 1), got {self.test_fraction}")
         if not 0 < self.crop_scale <= 1:
             raise ConfigError(f"--crop-scale must lie in (0, 1], got {self.crop_scale}")
-        for name in ("dim", "pool_groups"):
+        for name in ("dim", "pool_groups", *POOL_HEAD_SIZES):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        self._check_pool_options()
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {self.workers}")
         if self.sampler not in (None, "random", "pk"):
             raise ConfigError(f"--sampler must be random or pk, got {self.sampler!r}")
+        if self.method not in METHODS:
+            raise ConfigError(
+                f"unknown --method {self.method!r}; choose one of: {', '.join(METHODS)}"
+            )
+        for name in ("probe_epochs", "probe_lr", "proj_dim"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}"
+                )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+
+    def _check_pool_options(self) -> None:
+        """Refuse a pooling option the chosen pooling does not take: it would do nothing."""
+        taken = set(POOL_OPTIONS.get(self.pool, {}).values())
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in sorted({n for opts in POOL_OPTIONS.values() for n in opts.values()} - taken):
+            if getattr(self, name) != defaults[name]:
+                users = sorted(pool for pool, opts in POOL_OPTIONS.items() if name in opts.values())
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} is an option of --pool {' | '.join(users)}; "
+                    f"--pool {self.pool} does not take it"
+                )
 
     def save(self, path: Path) -> None:
         atomic_write_text(path, yaml.safe_dump(asdict(self), sort_keys=False))
