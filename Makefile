@@ -49,8 +49,10 @@ demo: install
 # bench-search takes about 10 minutes on 2 cores.
 bench: install
 	$(BIN)/python bench/pooling_step.py --preset small --steps 10 --rounds 5
+	$(BIN)/python bench/second_order.py --preset small --steps 5 --rounds 5
 	$(BIN)/python bench/embedder_throughput.py --images 512 --rounds 3
 	$(BIN)/python bench/int8_vs_fp32.py --model $(DEMO_RUN)/model.onnx
+	$(BIN)/python bench/serve_load.py --rounds 2
 
 bench-search: install
 	$(BIN)/python bench/search_qps.py --latency 100

@@ -1,4 +1,4 @@
-"""`vitrieval-train`: fit and export embedding models.
+"""`vitrieval-train`: fit, export and analyze embedding models.
 
 Errors a user can cause (bad names, missing paths, unusable data) end with a one-line
 message and exit status 2, never a traceback.
@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-check", action="store_true", help="skip the ONNX Runtime parity check"
     )
     export.set_defaults(handler=_export)
+
+    from .analyze import add_analyze_parser
+
+    add_analyze_parser(sub)
     return parser
 
 

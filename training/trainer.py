@@ -109,6 +109,10 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics."""
     cfg = cfg.resolved()
     cfg.validate()
+    if cfg.method != "metric":  # LaCViT and its cross-entropy baseline: training/lacvit.py
+        from .lacvit import fit_method
+
+        return fit_method(cfg, resume=resume)
     run = Path(cfg.out)
     if not resume and (run / CHECKPOINT_DIR / "state.json").exists():
         raise TrainingError(
