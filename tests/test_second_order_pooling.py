@@ -330,3 +330,12 @@ def test_pool_size_flags_refused_where_they_do_nothing(tmp_path, capsys, args, n
     assert needle in err and "Traceback" not in err
     assert err.count("\n") == 1
     assert not run.exists()
+
+
+def test_codebook_heads_default_to_the_lower_learning_rate():
+    """At 2e-3 the codebook heads collapse from scratch (docs/training.md); 5e-4 trains."""
+    for pool, lr in (("jcf", 5e-4), ("ccbp", 5e-4), ("ggem", 2e-3), ("avg", 2e-3)):
+        args = build_parser().parse_args(["fit", "--out", "x", "--pool", pool])
+        assert config_from_args(args).resolved().lr == lr
+    args = build_parser().parse_args(["fit", "--out", "x", "--pool", "jcf", "--lr", "1e-3"])
+    assert config_from_args(args).resolved().lr == 1e-3

@@ -54,6 +54,8 @@ POOL_OPTIONS: dict[str, dict[str, str]] = {
     },
 }
 
+SECOND_ORDER_POOLS = ("ccbp", "jcf")
+
 POOL_HEAD_SIZES = ("pool_dim", "pool_out_dim", "pool_codebook", "pool_rank")
 """Size options of the second-order heads (ccbp, jcf); None leaves the head's default."""
 
@@ -104,7 +106,9 @@ class FitConfig:
     # optimisation
     epochs: int = _opt("training epochs", 80)
     batch_size: int = _opt("images per step", 64)
-    lr: float = _opt("peak learning rate of the network (AdamW)", 2e-3)
+    lr: float | None = _opt(
+        "peak learning rate of the network (AdamW) (default: 2e-3, 5e-4 for ccbp and jcf)"
+    )
     proxy_lr_scale: float = _opt("learning-rate multiplier of the loss's class proxies", 10.0)
     weight_decay: float = _opt("AdamW weight decay (not on biases, norms, tokens, p)", 0.05)
     layer_decay: float | None = _opt(
@@ -129,6 +133,10 @@ class FitConfig:
     def resolved(self) -> FitConfig:
         """A copy with the derived defaults filled in."""
         cfg = FitConfig(**asdict(self))
+        if cfg.lr is None:
+            # the codebook heads collapse from scratch at 2e-3 (docs/training.md,
+            # "Second-order pooling on digits"); 5e-4 trains them
+            cfg.lr = 5e-4 if cfg.pool in SECOND_ORDER_POOLS else 2e-3
         if cfg.layer_decay is None:
             cfg.layer_decay = 0.65 if cfg.pretrained else 1.0
         if cfg.method == "lacvit":
