@@ -154,6 +154,10 @@ def _bench(args: argparse.Namespace) -> int:
     from .benchmark import DEFAULT_KS, SOP_KS, format_table, run_benchmark, write_report
     from .datasets import csv_list, load_dataset
 
+    if args.copy_detection is not None:
+        return _bench_copy_detection(args)
+    if args.queries_per_image is not None or args.distractors:
+        raise DatasetError("--queries-per-image and --distractors apply to --copy-detection only")
     if args.gallery:
         gallery = csv_list(args.gallery)
         queries = csv_list(args.queries) if args.queries else None
@@ -164,7 +168,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not args.gallery:
         # digits are rendered at the model's input size, as training rendered them
         split = load_dataset(
-            args.dataset, args.data_root, seed=args.seed, image_size=embedder.input_size
+            args.dataset or "digits", args.data_root, seed=args.seed, image_size=embedder.input_size
         )
         gallery, queries, name = split.test, None, split.name
     ks = tuple(args.ks) if args.ks else (SOP_KS if args.dataset == "sop" else DEFAULT_KS)
@@ -172,6 +176,68 @@ def _bench(args: argparse.Namespace) -> int:
     write_report(report, Path(args.out))
     print(format_table(report))
     print(f"report written to {Path(args.out) / 'report.json'}")
+    return 0
+
+
+def _bench_copy_detection(args: argparse.Namespace) -> int:
+    from .benchmark import DEFAULT_KS, format_table, run_copy_detection, write_report
+    from .copy_detection import DEFAULT_PER_IMAGE, read_photos
+
+    others = {
+        "--gallery": args.gallery,
+        "--queries": args.queries,
+        "--dataset": args.dataset,
+        "--data-root": args.data_root,
+    }
+    clash = [flag for flag, value in others.items() if value is not None]
+    if clash:
+        raise DatasetError(
+            f"--copy-detection cannot be combined with {', '.join(clash)}: "
+            "it makes its own gallery and queries from the photos"
+        )
+    per_image = DEFAULT_PER_IMAGE if args.queries_per_image is None else args.queries_per_image
+    if per_image < 1:
+        raise DatasetError(f"--queries-per-image must be at least 1, got {per_image}")
+    if args.seed < 0:
+        raise DatasetError(f"--seed must be >= 0 for --copy-detection, got {args.seed}")
+    photos = read_photos(args.copy_detection)
+    distractors = []
+    for folder in args.distractors or []:
+        distractors += read_photos(folder, "--distractors")
+    shared = {p.path.resolve() for p in photos} & {d.path.resolve() for d in distractors}
+    if shared:
+        raise DatasetError(
+            f"{len(shared)} distractor file(s) are also photos (e.g. {min(shared)}); "
+            "a distractor must be nobody's original"
+        )
+    embedder = _embedder(Path(args.model), args)
+    report = run_copy_detection(
+        embedder,
+        photos,
+        distractors,
+        per_image=per_image,
+        seed=args.seed,
+        ks=tuple(args.ks) if args.ks else DEFAULT_KS,
+        factory=args.factory,
+        name=f"copy-detection:{args.copy_detection}",
+    )
+    out = Path(args.out)
+    write_report(report, out)
+    for failure in report["unreadable"][:10]:
+        print(f"  skipped {failure['key']}: {failure['reason']}")
+    if len(report["unreadable"]) > 10:
+        print(f"  ... and {len(report['unreadable']) - 10} more")
+    print(format_table(report))
+    for kind, part in report["by_transform"].items():
+        print(
+            f"  with {kind:<7} recall@1 {part['recall@1']:.4f}  map {part['map']:.4f}  "
+            f"({part['n_queries']} queries)"
+        )
+    print(
+        f"copy detection: {report['n_queries']} copies of {report['n_originals']} photos "
+        f"against {report['n_gallery']} gallery images: recall@1 {report['recall@1']:.4f}, "
+        f"map {report['map']:.4f}; report written to {out / 'report.json'}"
+    )
     return 0
 
 
@@ -248,13 +314,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="embed, index and evaluate a labelled set")
     bench.add_argument("--model", required=True)
-    bench.add_argument("--dataset", default="digits", help="digits|cub|cars|sop|folder|csv")
+    bench.add_argument(
+        "--dataset",
+        help="digits (the default when no other source is given)|cub|cars|sop|folder|csv",
+    )
     bench.add_argument("--data-root", help="dataset folder or CSV (all but digits)")
     bench.add_argument("--gallery", help="gallery CSV (path,label[,key])")
     bench.add_argument("--queries", help="query CSV; without it, leave-one-out over the gallery")
+    bench.add_argument(
+        "--copy-detection",
+        metavar="DIR",
+        help="copy-detection benchmark: every photo below DIR is a gallery item and edited "
+        "copies of it (crop, rotate, resize, colour, JPEG) are its queries",
+    )
+    bench.add_argument(
+        "--queries-per-image",
+        type=int,
+        metavar="N",
+        help="copy detection: edited copies per photo (default 5)",
+    )
+    bench.add_argument(
+        "--distractors",
+        action="append",
+        metavar="DIR",
+        help="copy detection: more gallery photos that are nobody's original (repeatable)",
+    )
     bench.add_argument("--ks", type=int, nargs="+", help="Recall@K cut-offs")
     bench.add_argument("--factory", default="Flat", help="FAISS index_factory string")
-    bench.add_argument("--seed", type=int, default=0, help="split seed (digits, folder, csv)")
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="split seed (digits, folder, csv); copy seed (--copy-detection)",
+    )
     bench.add_argument("--out", required=True, help="report folder")
     _runtime_options(bench)
     bench.set_defaults(handler=_bench)

@@ -63,6 +63,21 @@ stable argsort of that row when many relevant items are tied).
 A top-k search (FAISS) is deliberately not used here: mAP needs the rank of every
 relevant item in the full ranking, and a kNN library's order among tied scores is
 unspecified, whereas the counting above is exact and follows the tie rule.
+
+One relevant item per query (copy detection)
+--------------------------------------------
+When each query has exactly one relevant gallery item, its *target* (the original
+a copy was made from), labels are the wrong tool: ``target_ranks`` takes the
+target's gallery index per query and returns its rank under the same tie rule,
+
+    rank = 1 + #{g : s_g > s_t} + #{g : s_g == s_t and g < t},
+
+and ``target_metrics`` turns ranks into ``recall@K`` = mean(rank <= K) and
+``map`` = mean(1 / rank) (with R = 1, AP = 1 / rank, so mAP is the mean reciprocal
+rank), plus ``median_rank``. precision@K, MAP@R and R-Precision add nothing here
+(recall@K / K, recall@1 and recall@1) and are not reported. These give exactly what
+``retrieval_metrics`` gives with a distinct label per gallery item (a test checks
+it) without per-class bookkeeping or a sort: one chunk of scores, two comparisons.
 """
 
 from __future__ import annotations
@@ -75,7 +90,7 @@ import numpy as np
 
 from .isotropy import isotropy_score
 
-__all__ = ["isotropy_score", "retrieval_metrics"]
+__all__ = ["isotropy_score", "retrieval_metrics", "target_metrics", "target_ranks"]
 
 # Above this many relevant items tied with some other item in one row, rank the
 # row with a stable argsort instead of counting equal scores item by item.
@@ -300,4 +315,91 @@ def retrieval_metrics(
         out["r_precision"] = float(np.mean(r_prec[counted]))
     out["n_queries"] = n_counted
     out["n_dropped"] = n_q - n_counted
+    return out
+
+
+def target_ranks(
+    embeddings: np.ndarray,
+    gallery_embeddings: np.ndarray,
+    targets: Sequence[int] | np.ndarray,
+    *,
+    chunk_size: int = 1024,
+) -> np.ndarray:
+    """Rank (1-based) of each query's single relevant gallery item in its full ranking.
+
+    Args:
+        embeddings: (Nq, D) float query embeddings (similarity is the inner product,
+            nothing is renormalised).
+        gallery_embeddings: (Ng, D) float gallery embeddings.
+        targets: (Nq,) ints, the gallery index of each query's relevant item.
+        chunk_size: queries scored per block; peak extra memory is about
+            6 * chunk_size * Ng bytes (float32 scores and two boolean masks).
+
+    Returns:
+        (Nq,) int64 ranks in [1, Ng], with the module's tie rule: items scoring
+        exactly as much as the target come first when their gallery index is lower.
+
+    Raises:
+        ValueError: for arrays that are not 2-D, finite and float, mismatched
+            dimensions, targets that are not ints in [0, Ng) or not one per query,
+            or a chunk_size that is not a positive int.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+    queries = _as_matrix(embeddings, "embeddings")
+    gallery = _as_matrix(gallery_embeddings, "gallery_embeddings")
+    if gallery.shape[1] != queries.shape[1]:
+        raise ValueError(
+            f"gallery_embeddings has dimension {gallery.shape[1]} but embeddings has "
+            f"dimension {queries.shape[1]}"
+        )
+    n_q, n_g = queries.shape[0], gallery.shape[0]
+    t = np.asarray(targets)
+    if t.ndim != 1 or t.shape[0] != n_q:
+        raise ValueError(f"targets must be 1-D with one entry per query ({n_q}); got {t.shape}")
+    if not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"targets must be integer gallery indices; got dtype {t.dtype}")
+    if t.min() < 0 or t.max() >= n_g:
+        raise ValueError(f"targets must lie in [0, {n_g}); got [{t.min()}, {t.max()}]")
+    t = t.astype(np.int64)
+
+    ranks = np.empty(n_q, dtype=np.int64)
+    column = np.arange(n_g)
+    block = np.empty((min(int(chunk_size), n_q), n_g), dtype=np.float32)
+    for start in range(0, n_q, int(chunk_size)):
+        stop = min(start + int(chunk_size), n_q)
+        scores = block[: stop - start]
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.matmul(queries[start:stop], gallery.T, out=scores)
+        if not (np.isfinite(scores.min()) and np.isfinite(scores.max())):
+            raise ValueError(
+                "similarities overflow float32; embeddings are expected to be L2-normalised"
+            )
+        own = t[start:stop]
+        target_score = scores[np.arange(stop - start), own][:, None]
+        above = np.count_nonzero(scores > target_score, axis=1)
+        tied_before = np.count_nonzero((scores == target_score) & (column < own[:, None]), axis=1)
+        ranks[start:stop] = 1 + above + tied_before
+    return ranks
+
+
+def target_metrics(ranks: Sequence[int] | np.ndarray, ks: Sequence[int] = (1, 2, 4, 8)) -> dict:
+    """Metrics of one-relevant-item queries from their target ranks (`target_ranks`).
+
+    Returns ``recall@K`` for each K (fraction of queries with rank <= K), ``map``
+    (mean of 1 / rank: AP with a single relevant item), ``median_rank`` and
+    ``n_queries``. No queries: the metrics are NaN and ``n_queries`` is 0.
+    """
+    k_list = _check_ks(ks)
+    r = np.asarray(ranks, dtype=np.int64).reshape(-1)
+    if r.size and r.min() < 1:
+        raise ValueError("ranks are 1-based; got a rank below 1")
+    out: dict[str, float | int] = {}
+    for k in k_list:
+        out[f"recall@{k}"] = float(np.mean(r <= k)) if r.size else math.nan
+    out["map"] = float(np.mean(1.0 / r)) if r.size else math.nan
+    out["median_rank"] = float(np.median(r)) if r.size else math.nan
+    out["n_queries"] = int(r.size)
     return out
