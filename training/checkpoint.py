@@ -53,6 +53,36 @@ def load_model_weights(model: torch.nn.Module, path: Path) -> None:
         raise CheckpointError(f"{path} cannot be loaded into the model: {exc}") from None
 
 
+def load_init_weights(model: torch.nn.Module, path: Path) -> list[str]:
+    """`--init RUN`: the backbone from `path` (every tensor of it, or an error), and
+    each head tensor (pooling, projection) that `path` holds with the same shape.
+
+    The run may come from another pooling or from `pretrain` (whose model is the
+    backbone with average pooling): a new head starts from its own initialisation
+    rather than refusing the run. Returns the names of the tensors left at their
+    initialisation.
+    """
+    if not path.is_file():
+        raise CheckpointError(f"no weights at {path}")
+    try:
+        saved = load_file(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc}") from None
+    own = model.state_dict()
+    backbone = [k for k in own if k.startswith("backbone.")]
+    missing = [k for k in backbone if k not in saved]
+    misfit = [k for k in backbone if k in saved and saved[k].shape != own[k].shape]
+    if missing or misfit:
+        what = f"lacks {missing[0]}" if missing else f"has {misfit[0]} of another shape"
+        raise CheckpointError(
+            f"{path} does not hold this backbone ({what}; "
+            f"{len(missing) + len(misfit)} of {len(backbone)} tensors do not fit)"
+        )
+    taken = {k: v for k, v in saved.items() if k in own and v.shape == own[k].shape}
+    model.load_state_dict(taken, strict=False)
+    return sorted(k for k in own if k not in taken)
+
+
 def _flatten_optimizer(
     optimizer: torch.optim.Optimizer,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

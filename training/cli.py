@@ -1,4 +1,4 @@
-"""`vitrieval-train`: fit, export and analyze embedding models.
+"""`vitrieval-train`: fit, pretrain, export and analyze embedding models.
 
 Errors a user can cause (bad names, missing paths, unusable data) end with a one-line
 message and exit status 2, never a traceback.
@@ -61,6 +61,28 @@ def _fit(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
     try:
         fit(cfg, resume=args.resume)
+    except TrainingError as exc:
+        raise ConfigError(str(exc)) from None
+    return 0
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from .pretrain import pretrain
+    from .pretrain_config import PRETRAIN_FILE, PretrainConfig
+    from .trainer import TrainingError
+
+    cfg = config_from_args(args, PretrainConfig)
+    if args.resume:
+        if not args.out:
+            raise ConfigError("--resume needs --out RUN, the run to continue")
+        saved = Path(args.out) / PRETRAIN_FILE
+        if not saved.is_file():
+            raise ConfigError(f"{args.out} has no {PRETRAIN_FILE}; nothing to resume")
+        base = load_config_file(saved, PretrainConfig)
+        overrides = {k: v for k, v in vars(cfg).items() if getattr(args, k, None) is not None}
+        cfg = PretrainConfig(**{**base, **overrides})
+    try:
+        pretrain(cfg, resume=args.resume)
     except TrainingError as exc:
         raise ConfigError(str(exc)) from None
     return 0
@@ -136,13 +158,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.set_defaults(handler=_fit)
 
+    from .pretrain_config import PretrainConfig
+
+    pretrain = sub.add_parser(
+        "pretrain",
+        help="self-supervised pretraining on unlabelled images (DenseCL++, SimCLR, DenseCL)",
+        description="Pretrain a ViT embedding model without labels on a folder of images: "
+        "DenseCL++ (global + dense contrastive losses with dense negatives), SimCLR or "
+        "DenseCL. The run folder exports like a `fit` run.",
+    )
+    add_config_arguments(pretrain, PretrainConfig)
+    pretrain.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its checkpoint"
+    )
+    pretrain.set_defaults(handler=_pretrain)
+
     export = sub.add_parser(
         "export",
         help="export a run to a self-describing ONNX model",
         description="Export a trained run to ONNX (input `images`, output `embeddings`, "
         "vitrieval.* metadata) and check ONNX Runtime against PyTorch.",
     )
-    export.add_argument("--run", required=True, help="run folder written by `fit`")
+    export.add_argument("--run", required=True, help="run folder written by `fit` or `pretrain`")
     export.add_argument("--out", required=True, help="path of the .onnx file to write")
     export.add_argument("--opset", type=int, default=18, help="ONNX opset (default: 18)")
     export.add_argument(

@@ -56,9 +56,7 @@ from index.metrics import isotropy_score, retrieval_metrics
 from .augment import TwoViews, contrastive_view_transform, light_transform
 from .checkpoint import (
     CHECKPOINT_DIR,
-    MODEL_FILE,
     load_checkpoint,
-    load_model_weights,
     save_checkpoint,
     save_tensors,
 )
@@ -77,6 +75,7 @@ from .trainer import (
     _clean,
     _load_split,
     _show,
+    init_weights,
     model_from_config,
     pick_device,
     seed_everything,
@@ -289,7 +288,7 @@ def _prepare(cfg: FitConfig, resume: bool) -> tuple[Path, torch.device, Embeddin
     seed_everything(cfg.seed)
     model = model_from_config(cfg, load_pretrained=not resume)
     if cfg.init and not resume:
-        load_model_weights(model, Path(cfg.init) / MODEL_FILE)
+        init_weights(model, cfg.init)
     if cfg.freeze_backbone:
         model.backbone.requires_grad_(False)
     model = model.to(device)

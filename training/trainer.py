@@ -9,6 +9,7 @@ and a refreshed `curves.png`.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -28,7 +29,7 @@ from .checkpoint import (
     CHECKPOINT_DIR,
     MODEL_FILE,
     load_checkpoint,
-    load_model_weights,
+    load_init_weights,
     save_checkpoint,
 )
 from .config import LOSS_OPTIONS, POOL_OPTIONS, ConfigError, FitConfig
@@ -42,6 +43,8 @@ from .plots import plot_curves
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 
+logger = logging.getLogger("vitrieval.train")
+
 
 class TrainingError(RuntimeError):
     """A run that cannot proceed (no data, empty classes, a run folder in the way)."""
@@ -54,11 +57,36 @@ def seed_everything(seed: int) -> None:
 
 
 def pick_device(name: str) -> torch.device:
+    """The torch device for `name`: with "auto", CUDA when torch sees a device, else the
+    CPU (logged with the reason); "cuda" without a device is a ConfigError, not a CPU run."""
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but no CUDA device is available")
+        raise ConfigError(
+            f"--device cuda asked for, but no CUDA device is available ({_no_cuda_reason()})"
+        )
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
+        if name == "cpu":
+            logger.info("device auto: %s; training on the CPU", _no_cuda_reason())
+    device = torch.device(name)
+    logger.info("torch device: %s", describe_device(device))
+    return device
+
+
+def _no_cuda_reason() -> str:
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
+
+
+def describe_device(device: torch.device, amp_dtype: torch.dtype | None = None) -> str:
+    """One line for the log: "cuda:0 (NVIDIA H100 80GB HBM3) with AMP bfloat16", "cpu"."""
+    text = str(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        text = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    if amp_dtype is not None:
+        text += f" with AMP {str(amp_dtype).removeprefix('torch.')}"
+    return text
 
 
 def model_from_config(cfg: FitConfig, load_pretrained: bool = True) -> EmbeddingModel:
@@ -75,6 +103,14 @@ def model_from_config(cfg: FitConfig, load_pretrained: bool = True) -> Embedding
         pool_options=pool_options,
         drop_path_rate=cfg.drop_path,
     )
+
+
+def init_weights(model: EmbeddingModel, run: str) -> None:
+    """`--init RUN`: the backbone and every head tensor that fits from RUN's model."""
+    fresh = load_init_weights(model, Path(run) / MODEL_FILE)
+    heads = sorted({name.split(".")[0] for name in fresh})
+    note = f"; {', '.join(heads)} newly initialised ({len(fresh)} tensors)" if fresh else ""
+    print(f"initialised from {run}{note}")
 
 
 def _load_split(cfg: FitConfig, image_size: int) -> Split:
@@ -124,7 +160,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
 
     model = model_from_config(cfg, load_pretrained=not resume)
     if cfg.init and not resume:
-        load_model_weights(model, Path(cfg.init) / MODEL_FILE)
+        init_weights(model, cfg.init)
     if cfg.freeze_backbone:
         model.backbone.requires_grad_(False)
     model = model.to(device)
@@ -170,8 +206,8 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
     print(
         f"training {cfg.backbone}+{cfg.pool} on {split.name} ({len(train_items)} train / "
-        f"{len(test_items)} held-out images, {len(classes)} classes) on {device}"
-        f"{' with AMP ' + str(amp_dtype).removeprefix('torch.') if use_amp else ''}"
+        f"{len(test_items)} held-out images, {len(classes)} classes) on "
+        f"{describe_device(device, amp_dtype if use_amp else None)}"
     )
 
     started = time.perf_counter()

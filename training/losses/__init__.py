@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .base import MetricLoss, check_embeddings_and_labels
+from .base import MetricLoss, check_embeddings_and_labels, check_paired_views
+from .dense_contrastive import DenseContrastiveLoss
+from .info_nce import InfoNCELoss
 from .norm_softmax import NormSoftmaxLoss
 from .registry import UnknownLossError, create_loss, loss_names, register_loss
 from .supcon import SupConLoss, create_supcon
@@ -17,13 +19,18 @@ def _norm_softmax(embedding_dim: int, num_classes: int, temperature: float = 0.0
 register_loss("triplet")(create_triplet)
 register_loss("supcon")(create_supcon)
 
+# InfoNCELoss and DenseContrastiveLoss are not registered: the registry's factories make
+# `fit --loss` losses of labelled embeddings; these take two views per image (pretrain).
 __all__ = [
+    "DenseContrastiveLoss",
+    "InfoNCELoss",
     "MetricLoss",
     "NormSoftmaxLoss",
     "SupConLoss",
     "TripletMarginLoss",
     "UnknownLossError",
     "check_embeddings_and_labels",
+    "check_paired_views",
     "create_loss",
     "loss_names",
     "register_loss",

@@ -32,3 +32,22 @@ def check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor) 
         )
     if labels.is_floating_point() or labels.is_complex():
         raise ValueError(f"labels must be integers, got {labels.dtype}")
+
+
+def check_paired_views(z: torch.Tensor, ndim: int, name: str = "z") -> int:
+    """Check a batch of two views per image, rows i and i + B of one image; return B.
+
+    For the self-supervised losses (InfoNCELoss, DenseContrastiveLoss), which take views
+    instead of (embeddings, labels): `z` must be floating point with `ndim` dimensions
+    and an even, non-zero first axis 2B.
+    """
+    if z.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(z.shape)}")
+    if not z.is_floating_point():
+        raise ValueError(f"{name} must be floating point, got {z.dtype}")
+    if z.shape[0] == 0 or z.shape[0] % 2:
+        raise ValueError(
+            f"{name} must hold two views per image (2B rows, views i and i + B of image i), "
+            f"got {z.shape[0]} rows"
+        )
+    return z.shape[0] // 2

@@ -1,0 +1,351 @@
+"""`vitrieval-train pretrain`: self-supervised pretraining on a folder of unlabelled images.
+
+DenseCL++ (papers/003) and its two baselines, on two augmented views of every image
+(random resized crop, flip, colour jitter, grayscale, Gaussian blur; SimCLR's set):
+
+    densecl++   (1 - lambda) L_g + lambda L_d, L_d with dense negatives: one random token
+                per other-image view (Fig. 2a, eq. 2), or `--negatives guided` (eq. 3
+                and the N least similar tokens of the positive view); lambda 0.9
+    densecl     the same with DenseCL's negatives, the other images' global vectors
+                (eq. 1); lambda 0.3, the paper's best for it
+    simclr      L_g alone (lambda 0; no dense head)
+
+plus gamma L_r (eq. 5) with `--recon-weight gamma` > 0: an L1 reconstruction of the
+normalised input view from the dense projections (appendix B, eq. 4). L_g is
+InfoNCELoss on the global head's output, L_d DenseContrastiveLoss on the dense
+head's (training/losses/), both at one temperature `--temperature` (default 0.1,
+SimCLR's; the paper does not state its tau). Heads: training/selfsup_heads.py.
+
+The run folder works with the rest of the tool chain: `config.yaml` is the FitConfig
+of the embedding model (backbone, pooling `--global-pool`, avg by default: the mean
+of the patch tokens, L2-normalised, which is what the paper's GAP rows evaluate) so
+that `export --run`, `analyze` and `fit --init` read it as any run; `pretrain.yaml`
+is the merged pretraining configuration that `--resume` reads. `model.safetensors` is
+the embedding model only; the heads live in the checkpoint's `loss` part.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+from tqdm import tqdm
+
+from index.atomic import atomic_path, atomic_write_text
+from index.datasets import DatasetError, Item
+from index.sources import walk_images
+
+from .augment import (
+    COLOR_JITTER,
+    RandomGaussianBlur,
+    TwoViews,
+    _size_and_interpolation,
+    _to_model_input,
+)
+from .checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
+from .data import ImageDataset, drop_unreadable
+from .losses import DenseContrastiveLoss, InfoNCELoss
+from .model import EmbeddingModel, build_model
+from .optim import lr_at, param_groups
+from .pretrain_config import PRETRAIN_FILE, PretrainConfig
+from .selfsup_heads import PretrainHeads
+from .trainer import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    TrainingError,
+    _append_line,
+    _read_metrics,
+    pick_device,
+    seed_everything,
+)
+
+
+def view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Compose:
+    """PIL image -> one augmented view, float32 (3, H, W) normalised.
+
+    SimCLR's operations as the paper lists them (crop, flip, colour jitter, blur; plus
+    SimCLR's grayscale), at training/augment.py's strengths, without its rotation.
+    """
+    size, interpolation = _size_and_interpolation(data_config)
+    blur = RandomGaussianBlur((0.1, max(0.5, 2.0 * size / 224)))
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(
+                size, scale=(crop_scale, 1.0), interpolation=interpolation, antialias=True
+            ),
+            v2.RandomHorizontalFlip(p=hflip),
+            v2.RandomApply([v2.ColorJitter(*COLOR_JITTER)], p=0.8),
+            v2.RandomGrayscale(p=0.2),
+            v2.RandomApply([blur], p=0.5),
+            *_to_model_input(data_config),
+        ]
+    )
+
+
+class Objective(nn.Module):
+    """(1 - lambda) L_g + lambda L_d + gamma L_r (eq. 5) of one batch of 2B views."""
+
+    def __init__(self, cfg: PretrainConfig):
+        super().__init__()
+        self.dense_weight = float(cfg.dense_weight)
+        self.recon_weight = float(cfg.recon_weight)
+        self.global_loss = InfoNCELoss(cfg.temperature)
+        self.dense_loss = None
+        if cfg.method != "simclr":
+            self.dense_loss = DenseContrastiveLoss(
+                cfg.negatives,
+                cfg.temperature,
+                candidates=cfg.candidates,
+                beta=cfg.beta,
+                cross_view_negatives=cfg.cross_view_negatives,
+            )
+
+    def forward(
+        self, out: Any, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, dict[str, float | None]]:
+        """out: PretrainOutputs of `images` (2B, 3, H, W) -> (total loss, its parts)."""
+        global_loss = self.global_loss(out.global_z)
+        total = (1.0 - self.dense_weight) * global_loss
+        parts: dict[str, float | None] = {"global_loss": global_loss.item()}
+        parts["dense_loss"] = parts["recon_loss"] = None
+        if self.dense_loss is not None:
+            dense = self.dense_loss(out.dense_z, out.features, generator)
+            total = total + self.dense_weight * dense
+            parts["dense_loss"] = dense.item()
+        if out.recon is not None:
+            recon = F.l1_loss(out.recon.float(), images.float())  # eq. 4: mean absolute error
+            total = total + self.recon_weight * recon
+            parts["recon_loss"] = recon.item()
+        return total, parts
+
+
+def build_pretrain_model(cfg: PretrainConfig, load_pretrained: bool = True):
+    """(encoder EmbeddingModel, PretrainHeads); fills cfg.head_hidden_dim if unset."""
+    encoder = build_model(
+        cfg.backbone,
+        cfg.global_pool,
+        pretrained=cfg.pretrained if load_pretrained else None,
+        drop_path_rate=cfg.drop_path,
+    )
+    width = int(encoder.backbone.num_features)
+    if cfg.head_hidden_dim is None:
+        cfg.head_hidden_dim = 4 * width
+    grid = image_size = None
+    if cfg.recon_weight > 0:
+        grid = tuple(encoder.backbone.patch_embed.grid_size)
+        image_size = tuple(encoder.data_config()["input_size"][1:])
+    heads = PretrainHeads(
+        width, cfg.head_hidden_dim, cfg.proj_dim, cfg.method != "simclr", grid, image_size
+    )
+    return encoder, heads
+
+
+def list_images(folder: str) -> list[Item]:
+    """Every image file below `folder` (index.sources' rule: image suffix, not hidden)."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise DatasetError(f"--images folder not found: {root}")
+    items = walk_images(root)
+    if not items:
+        raise DatasetError(f"{root}: no images found (searched recursively)")
+    return items
+
+
+def readable_images(items: list[Item], run: Path) -> list[Item]:
+    """The items that decode; the others are listed in RUN/skipped.txt."""
+    items, skipped = drop_unreadable(items, "images")
+    if skipped:
+        atomic_write_text(run / "skipped.txt", "".join(f"{k}\t{why}\n" for k, why in skipped))
+        print(f"skipped {len(skipped)} unreadable images (listed in {run / 'skipped.txt'})")
+    if len(items) < 2:
+        raise TrainingError("contrastive pretraining needs at least 2 readable images")
+    return items
+
+
+def _optimizer(encoder: EmbeddingModel, heads: nn.Module, cfg: PretrainConfig):
+    """The project's AdamW groups (no decay on biases, norms, tokens), heads included."""
+    groups = param_groups(encoder, nn.Module(), cfg.weight_decay, 1.0, 1.0)
+    for decay in (True, False):
+        params = [p for p in heads.parameters() if (p.ndim >= 2) == decay]
+        if params:
+            wd = cfg.weight_decay if decay else 0.0
+            groups.append({"params": params, "weight_decay": wd, "lr_scale": 1.0})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
+
+
+def _epoch_seed(cfg: PretrainConfig, epoch: int) -> int:
+    return cfg.seed * 100_003 + epoch
+
+
+def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
+    """Pretrain per `cfg` into the run folder `cfg.out`; returns the last epoch's row."""
+    cfg = cfg.resolved()
+    cfg.validate()
+    run = Path(cfg.out)
+    state_file = run / CHECKPOINT_DIR / "state.json"
+    if not resume and state_file.exists():
+        raise TrainingError(
+            f"{run} already holds a run; pass --resume to continue it or choose another --out"
+        )
+    if (
+        resume
+        and state_file.is_file()
+        and json.loads(state_file.read_text()).get("stage") != "pretrain"
+    ):
+        raise TrainingError(f"{run}'s checkpoint is not a pretrain run; cannot resume it")
+    items = list_images(cfg.images)
+    device = pick_device(cfg.device)
+    seed_everything(cfg.seed)
+    encoder, heads = build_pretrain_model(cfg, load_pretrained=not resume)
+    encoder, heads = encoder.to(device), heads.to(device)
+    run.mkdir(parents=True, exist_ok=True)
+    items = readable_images(items, run)
+    objective = Objective(cfg)
+    optimizer = _optimizer(encoder, heads, cfg)
+
+    start_epoch = 0
+    if resume:
+        start_epoch = int(load_checkpoint(run, encoder, heads, optimizer)["epoch"])
+        print(f"resuming {run} after epoch {start_epoch}")
+    history = _read_metrics(run / METRICS_FILE, start_epoch)
+    atomic_write_text(run / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
+    cfg.save(run / PRETRAIN_FILE)
+    cfg.embedding_config().save(run / CONFIG_FILE)
+
+    views = TwoViews(view_transform(encoder.data_config(), cfg.crop_scale, cfg.hflip))
+    dataset = ImageDataset(items, {None: 0}, views)  # unlabelled: every label is None
+    drop_last = len(dataset) > cfg.batch_size
+    steps_per_epoch = len(dataset) // cfg.batch_size if drop_last else 1
+    total_steps = cfg.epochs * steps_per_epoch
+    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
+    use_amp = cfg.amp and device.type == "cuda"
+    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    negatives = f", negatives {cfg.negatives}" if cfg.negatives else ""
+    print(
+        f"pretraining {cfg.backbone}+{cfg.global_pool} with {cfg.method} (lambda "
+        f"{cfg.dense_weight}{negatives}, tau {cfg.temperature}) on {len(items)} images "
+        f"on {device}{' with AMP ' + str(amp_dtype).removeprefix('torch.') if use_amp else ''}"
+    )
+
+    started = time.perf_counter()
+    row: dict = history[-1] if history else {}
+    params = [*encoder.parameters(), *heads.parameters()]
+    for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        # Reseeding per epoch: a resumed run draws the same batches, views and negatives.
+        seed = _epoch_seed(cfg, epoch)
+        seed_everything(seed)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        loader = DataLoader(
+            dataset,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            drop_last=drop_last,
+            num_workers=cfg.workers,
+            generator=torch.Generator().manual_seed(seed),
+            pin_memory=device.type == "cuda",
+        )
+        encoder.train()
+        heads.train()
+        epoch_start = time.perf_counter()
+        sums: dict[str, float] = {}
+        seen = 0
+        bar = tqdm(
+            total=steps_per_epoch,
+            unit="step",
+            desc=f"epoch {epoch}/{cfg.epochs}",
+            leave=False,
+            disable=None,
+        )
+        for step_in_epoch, ((first, second), _) in enumerate(loader):
+            step = (epoch - 1) * steps_per_epoch + step_in_epoch
+            lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group["lr_scale"]
+            # rows i and B + i are the two views of image i
+            images = torch.cat([first, second]).to(device, non_blocking=True)
+            autocast = torch.autocast("cuda", dtype=amp_dtype) if use_amp else nullcontext()
+            with autocast:
+                out = heads(encoder, images)
+            loss, parts = objective(out, images, generator)
+            if not torch.isfinite(loss):
+                raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if cfg.clip_grad:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
+            scaler.step(optimizer)
+            scaler.update()
+            batch = len(first)
+            for key, value in {"loss": loss.item(), **parts}.items():
+                if value is not None:
+                    sums[key] = sums.get(key, 0.0) + value * batch
+            seen += batch
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        bar.close()
+        seconds = time.perf_counter() - epoch_start
+        row = {"epoch": epoch}
+        for key in ("loss", "global_loss", "dense_loss", "recon_loss"):
+            row[key] = sums[key] / seen if key in sums else None
+        row.update(
+            lr=lr,
+            train_seconds=round(seconds, 3),
+            train_images_per_s=round(seen / seconds, 1),
+        )
+        state = {"epoch": epoch, "stage": "pretrain", "method": cfg.method, "config": asdict(cfg)}
+        save_checkpoint(run, encoder, heads, optimizer, state)
+        _append_line(run / METRICS_FILE, row)
+        history.append(row)
+        plot_losses(history, run / "curves.png")
+        print(
+            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  "
+            f"L_g {row['global_loss']:.4f}  L_d {_show(row['dense_loss'])}  "
+            f"L_r {_show(row['recon_loss'])}  lr {lr:.2e}  {seconds:.1f}s "
+            f"({row['train_images_per_s']:.0f} img/s)"
+        )
+    elapsed = time.perf_counter() - started
+    if row:
+        print(
+            f"done: {cfg.method}, {cfg.epochs} epochs, loss {row['loss']:.4f} in "
+            f"{elapsed:.0f}s -> {run} (embedding: {cfg.backbone}+{cfg.global_pool})"
+        )
+    return row
+
+
+def _show(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def plot_losses(history: list[dict], path: Path) -> None:
+    """curves.png: the total loss and its parts per epoch."""
+    from .plots import plt  # matplotlib with the Agg backend
+
+    fig, ax = plt.subplots(figsize=(5, 3.4), constrained_layout=True)
+    epochs = [row["epoch"] for row in history]
+    for key, label in (
+        ("loss", "total"),
+        ("global_loss", "L_g"),
+        ("dense_loss", "L_d"),
+        ("recon_loss", "L_r"),
+    ):
+        values = [row.get(key) for row in history]
+        if any(v is not None for v in values):
+            ys = [float("nan") if v is None else v for v in values]
+            ax.plot(epochs, ys, marker="o", ms=3, label=label)
+    ax.set(title="pretraining loss", xlabel="epoch", ylabel="loss")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)

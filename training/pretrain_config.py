@@ -1,0 +1,166 @@
+"""The configuration of `vitrieval-train pretrain` (training/pretrain.py): one dataclass.
+
+As for `fit` (training/config.py): dataclass defaults < `--config FILE` < flags. The
+merged result, per-method defaults resolved, is saved as RUN/pretrain.yaml; the
+embedding model it produces is described by a FitConfig in RUN/config.yaml
+(`embedding_config`), the file `export`, `analyze` and `fit --init` read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from index.atomic import atomic_write_text
+
+from .config import ConfigError, FitConfig, _opt
+
+PRETRAIN_FILE = "pretrain.yaml"
+PRETRAIN_METHODS = ("densecl++", "simclr", "densecl")
+DENSE_WEIGHT = {"densecl++": 0.9, "densecl": 0.3, "simclr": 0.0}
+"""lambda per method: DenseCL++'s best (Fig. 3), DenseCL's best in the paper's sweep."""
+
+
+@dataclass
+class PretrainConfig:
+    """Everything `vitrieval-train pretrain` needs (saved as RUN/pretrain.yaml)."""
+
+    out: str = _opt("run folder (created; config, metrics, checkpoints, model weights)", "")
+    images: str = _opt("folder of unlabelled images, searched recursively", "")
+    method: str = _opt("densecl++ | simclr | densecl", "densecl++")
+    # model
+    backbone: str = _opt(
+        "preset name (tiny, small) or any timm ViT name", "tiny", flags=("--preset",)
+    )
+    pretrained: str | None = _opt("weights file (safetensors or state dict), or 'timm'")
+    global_pool: str = _opt("global representation, also the exported embedding: avg | cls", "avg")
+    proj_dim: int = _opt("output width of the global and dense heads", 128)
+    head_hidden_dim: int | None = _opt("hidden width of the heads (default: 4x backbone width)")
+    drop_path: float = _opt("stochastic depth rate", 0.1)
+    # objective
+    dense_weight: float | None = _opt(
+        "lambda of (1 - lambda) L_g + lambda L_d (default: densecl++ 0.9, densecl 0.3, simclr 0)",
+        flags=("--lambda",),
+    )
+    temperature: float = _opt("tau of the global and dense InfoNCE losses", 0.1)
+    negatives: str | None = _opt("densecl++ dense negatives: random | guided (default: random)")
+    candidates: int = _opt("guided: number M of candidate negative sets", 256)
+    beta: float = _opt("guided: similarity threshold of eq. 3", 0.5)
+    cross_view_negatives: int | None = _opt(
+        "N least similar tokens of the positive view as extra negatives (default: 64 guided, 0)"
+    )
+    recon_weight: float = _opt("gamma of the auxiliary L1 reconstruction loss (0: off)", 0.0)
+    # optimisation
+    epochs: int = _opt("training epochs", 100)
+    batch_size: int = _opt("images per step (2x as many views)", 64)
+    lr: float = _opt("peak learning rate (AdamW)", 2e-3)
+    weight_decay: float = _opt("AdamW weight decay (not on biases, norms, tokens)", 0.05)
+    warmup_epochs: float = _opt("linear warm-up length, in epochs", 10.0)
+    min_lr_ratio: float = _opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
+    clip_grad: float | None = _opt("clip the gradient norm to this value", 1.0)
+    # augmentation
+    crop_scale: float = _opt("smallest area share kept by the random resized crop", 0.2)
+    hflip: float = _opt("horizontal-flip probability", 0.5)
+    # machinery
+    device: str = _opt("auto | cpu | cuda", "auto")
+    amp: bool = _opt("mixed precision on CUDA", True)
+    workers: int | None = _opt("data-loading processes (default: up to 4)")
+    seed: int = _opt("random seed (data order, augmentation, negatives, initialisation)", 0)
+
+    def resolved(self) -> PretrainConfig:
+        """A copy with the per-method defaults filled in."""
+        cfg = PretrainConfig(**asdict(self))
+        if cfg.dense_weight is None:
+            cfg.dense_weight = DENSE_WEIGHT.get(cfg.method, 0.0)
+        if cfg.negatives is None:
+            cfg.negatives = {"densecl++": "random", "densecl": "densecl"}.get(cfg.method)
+        if cfg.cross_view_negatives is None:
+            cfg.cross_view_negatives = 64 if cfg.negatives == "guided" else 0
+        if cfg.workers is None:
+            cfg.workers = min(4, max(1, (os.cpu_count() or 2) - 1))
+        return cfg
+
+    def validate(self) -> None:
+        if not self.out:
+            raise ConfigError("--out RUN is required")
+        if not self.images:
+            raise ConfigError("--images DIR is required (a folder of images)")
+        if self.method not in PRETRAIN_METHODS:
+            raise ConfigError(
+                f"unknown --method {self.method!r}; choose one of: {', '.join(PRETRAIN_METHODS)}"
+            )
+        allowed = {"densecl++": ("random", "guided"), "densecl": ("densecl",), "simclr": (None,)}
+        if self.negatives not in allowed[self.method]:
+            raise ConfigError(
+                f"--negatives {self.negatives} does not apply to --method {self.method}"
+                + (" (random | guided)" if self.method == "densecl++" else "")
+            )
+        if self.method == "simclr" and (self.dense_weight or self.recon_weight):
+            raise ConfigError("simclr has no dense head: --lambda and --recon-weight must be 0")
+        if self.global_pool not in ("avg", "cls"):
+            raise ConfigError(f"--global-pool must be avg or cls, got {self.global_pool!r}")
+        for name in ("epochs", "lr", "temperature", "proj_dim", "candidates"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{_flag(name)} must be > 0, got {getattr(self, name)}")
+        if self.batch_size < 2:
+            raise ConfigError(
+                f"--batch-size must be >= 2 (in-batch negatives), got {self.batch_size}"
+            )
+        checks = [
+            ("dense_weight", 0 <= self.dense_weight <= 1, "lie in [0, 1]"),
+            ("beta", -1 <= self.beta <= 1, "lie in [-1, 1]"),
+            ("crop_scale", 0 < self.crop_scale <= 1, "lie in (0, 1]"),
+            ("hflip", 0 <= self.hflip <= 1, "lie in [0, 1]"),
+            ("recon_weight", self.recon_weight >= 0, "be >= 0"),
+            ("cross_view_negatives", self.cross_view_negatives >= 0, "be >= 0"),
+            ("warmup_epochs", self.warmup_epochs >= 0, "be >= 0"),
+            (
+                "head_hidden_dim",
+                self.head_hidden_dim is None or self.head_hidden_dim >= 1,
+                "be >= 1",
+            ),
+            ("workers", (self.workers or 0) >= 0, "be >= 0"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ConfigError(f"--{_flag(name)} must {rule}, got {getattr(self, name)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+
+    def embedding_config(self) -> FitConfig:
+        """The embedding model as a FitConfig: what `export`, `analyze` and `fit --init`
+        read from RUN/config.yaml."""
+        return FitConfig(
+            out=self.out,
+            dataset="folder",
+            data_root=self.images,
+            backbone=self.backbone,
+            pretrained=self.pretrained,
+            pool=self.global_pool,
+            drop_path=self.drop_path,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            layer_decay=1.0,
+            warmup_epochs=self.warmup_epochs,
+            min_lr_ratio=self.min_lr_ratio,
+            clip_grad=self.clip_grad,
+            crop_scale=self.crop_scale,
+            hflip=self.hflip,
+            auto_augment=None,
+            device=self.device,
+            amp=self.amp,
+            workers=self.workers,
+            seed=self.seed,
+        )
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, yaml.safe_dump(asdict(self), sort_keys=False))
+
+
+def _flag(name: str) -> str:
+    return "lambda" if name == "dense_weight" else name.replace("_", "-")
