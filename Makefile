@@ -6,7 +6,7 @@ DEMO_RUN ?= runs/demo
 DEMO_PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo bench bench-search clean
+.PHONY: install test lint format demo bench bench-search compose-config clean
 
 # The stamp is rebuilt whenever pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -56,6 +56,12 @@ bench: install
 
 bench-search: install
 	$(BIN)/python bench/search_qps.py --latency 100
+
+# docker-compose.yml as docker-compose reads it, every profile (docs/deploy.md);
+# needs only the docker-compose binary, no Docker engine
+compose-config:
+	docker-compose -f docker-compose.yml --profile gpu --profile jobs --profile gpu-jobs config -q
+	@echo "docker-compose.yml: valid"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -286,7 +286,15 @@ def select_providers(device: str) -> list[tuple[str, dict[str, Any]]]:
     if name == "cpu" and not ordinal:
         return [(CPU, {})]
     if name == "auto" and not ordinal:
-        return [(CUDA, {}), (CPU, {})] if CUDA in available else [(CPU, {})]
+        if CUDA in available:
+            return [(CUDA, {}), (CPU, {})]
+        logger.info(
+            "device=auto: this onnxruntime has no %s (it has %s); embedding on the CPU "
+            "(onnxruntime-gpu in place of onnxruntime enables CUDA)",
+            CUDA,
+            ", ".join(available),
+        )
+        return [(CPU, {})]
     if name in ("cuda", "tensorrt") and (ordinal.isdigit() or not ordinal):
         needed = [TENSORRT, CUDA] if name == "tensorrt" else [CUDA]
         missing = [p for p in needed if p not in available]
@@ -322,10 +330,15 @@ def _create_session(
     except Exception as exc:
         if providers[0][0] == CPU:
             raise ModelMetadataError(f"{path} is not a loadable ONNX model: {exc}") from None
-        # A GPU provider can fail at session creation (driver, cuDNN, out of memory):
-        # CPU is slower but correct, so fall back rather than fail.
-        logger.warning("cannot create a %s session (%s); falling back to CPU", providers[0][0], exc)
-        return _create_session(path, [(CPU, {})], intra_op_threads, spin_wait)
+        # A GPU provider can fail at session creation (driver, cuDNN, TensorRT libraries
+        # missing, out of memory): the next provider (TensorRT -> CUDA -> CPU) is slower
+        # but correct, so fall back rather than fail.
+        rest = providers[1:]
+        fallback = "CPU" if rest[0][0] == CPU else rest[0][0]
+        logger.warning(
+            "cannot create a %s session (%s); falling back to %s", providers[0][0], exc, fallback
+        )
+        return _create_session(path, rest, intra_op_threads, spin_wait)
 
 
 def _read_metadata(session: ort.InferenceSession, path: Path) -> ModelMetadata:

@@ -20,7 +20,11 @@ MIN_KEY_LENGTH = 12
 class Settings(BaseSettings):
     """What a deployment can tune; defaults suit one CPU host."""
 
-    model_config = SettingsConfigDict(env_prefix="VITRIEVAL_", extra="ignore")
+    # An empty variable counts as unset: compose files and manifests template optional
+    # settings as `VITRIEVAL_API_KEY=${VITRIEVAL_API_KEY:-}` (docs/deploy.md).
+    model_config = SettingsConfigDict(
+        env_prefix="VITRIEVAL_", extra="ignore", env_ignore_empty=True
+    )
 
     model: Path | None = Field(None, description="exported model (.onnx)")
     index: Path | None = Field(None, description="index directory built with that model")

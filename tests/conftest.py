@@ -57,3 +57,48 @@ def served_index(digits_gallery: dict[str, Path], tmp_path: Path) -> Path:
     import shutil
 
     return Path(shutil.copytree(digits_gallery["index"], tmp_path / "index"))
+
+
+# -- GPU tests -----------------------------------------------------------------------
+# `@pytest.mark.gpu("torch")`, `("onnxruntime")` or `("faiss")` names what a test runs
+# on the GPU; without a usable GPU build of that library it is skipped with the reason.
+
+
+def _gpu_missing(need: str) -> str | None:
+    """Why a test that needs the GPU through `need` cannot run here (None: it can).
+    The library's own GPU support is checked first: it is the more precise reason."""
+    import torch
+
+    if need == "onnxruntime":
+        import onnxruntime as ort
+
+        providers = ort.get_available_providers()
+        if "CUDAExecutionProvider" not in providers:
+            return (
+                f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
+                f"({', '.join(providers)}): install onnxruntime-gpu in place of onnxruntime"
+            )
+    elif need == "faiss":
+        import faiss
+
+        if not hasattr(faiss, "StandardGpuResources"):
+            return f"faiss {faiss.__version__} is a CPU build: install faiss-gpu for faiss-cpu"
+        if faiss.get_num_gpus() == 0:
+            return f"faiss {faiss.__version__} (GPU build) sees no GPU"
+        return None
+    elif need != "torch":
+        raise ValueError(f"unknown gpu marker argument {need!r}: torch, onnxruntime or faiss")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        return f"no CUDA device: torch {torch.__version__} ({build}) sees none"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("gpu")
+    if marker is None:
+        return
+    for need in marker.args or ("torch",):
+        reason = _gpu_missing(need)
+        if reason:
+            pytest.skip(reason)

@@ -132,6 +132,14 @@ class VectorIndex:
         self.cpu = index
         self.gpu_mode = gpu
         self._want_gpu = check_gpu_mode(gpu)
+        if gpu == "auto" and not self._want_gpu:
+            # the GPU path announces itself when the copy is made ("FAISS index on N GPU(s)")
+            logger.info(
+                "FAISS sees no GPU (%s); building and searching on the CPU",
+                "a GPU build, but no CUDA device"
+                if hasattr(faiss, "StandardGpuResources")
+                else "a CPU-only build: faiss-gpu in place of faiss-cpu enables the GPU",
+            )
         self._gpu: faiss.Index | None = None
         self._gpu_failed = False
         # where ("cpu" / "gpu") -> whether SearchParameters with an IDSelector work there
