@@ -320,19 +320,17 @@ def analyze(args: argparse.Namespace) -> dict:
     return report
 
 
-def _show(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
-
-
 def run_analyze(args: argparse.Namespace) -> int:
     """CLI handler: prints one line per model and a summary line."""
+    from .trainer import show_metric
+
     report = analyze(args)
     for s in report["models"]:
         print(
             f"{s['name']}: isotropy {s['isotropy']:.4f} (centred {s['isotropy_centered']:.4f})  "
-            f"mean cosine positive "
-            f"{_show(s['mean_positive_cosine'])} negative {_show(s['mean_negative_cosine'])}  "
-            f"R@1 {_show(s['recall@1'])}  ({s['n_items']} held-out images)"
+            f"mean cosine positive {show_metric(s['mean_positive_cosine'])} "
+            f"negative {show_metric(s['mean_negative_cosine'])}  "
+            f"R@1 {show_metric(s['recall@1'])}  ({s['n_items']} held-out images)"
         )
     out = Path(args.out)
     print(

@@ -59,12 +59,12 @@ class RandomGaussianBlur:
         return f"RandomGaussianBlur(sigma={self.sigma})"
 
 
-def _size_and_interpolation(data_config: dict) -> tuple[int, InterpolationMode]:
+def size_and_interpolation(data_config: dict) -> tuple[int, InterpolationMode]:
     size = int(data_config["input_size"][-1])
     return size, _INTERPOLATION.get(str(data_config["interpolation"]), InterpolationMode.BICUBIC)
 
 
-def _to_model_input(data_config: dict) -> list[v2.Transform]:
+def to_model_input(data_config: dict) -> list[v2.Transform]:
     return [
         v2.ToImage(),
         v2.ToDtype(torch.float32, scale=True),
@@ -74,7 +74,7 @@ def _to_model_input(data_config: dict) -> list[v2.Transform]:
 
 def contrastive_view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Compose:
     """PIL image -> one strongly augmented view, float32 (3, H, W) normalised (table above)."""
-    size, interpolation = _size_and_interpolation(data_config)
+    size, interpolation = size_and_interpolation(data_config)
     blur = RandomGaussianBlur((0.1, max(0.5, 2.0 * size / 224)))
     return v2.Compose(
         [
@@ -86,21 +86,21 @@ def contrastive_view_transform(data_config: dict, crop_scale: float, hflip: floa
             v2.RandomApply([v2.ColorJitter(*COLOR_JITTER)], p=0.8),
             v2.RandomGrayscale(p=0.2),
             v2.RandomApply([blur], p=0.5),
-            *_to_model_input(data_config),
+            *to_model_input(data_config),
         ]
     )
 
 
 def light_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Compose:
     """PIL image -> a lightly augmented view (crop and flip only), float32 (3, H, W)."""
-    size, interpolation = _size_and_interpolation(data_config)
+    size, interpolation = size_and_interpolation(data_config)
     return v2.Compose(
         [
             v2.RandomResizedCrop(
                 size, scale=(crop_scale, 1.0), interpolation=interpolation, antialias=True
             ),
             v2.RandomHorizontalFlip(p=hflip),
-            *_to_model_input(data_config),
+            *to_model_input(data_config),
         ]
     )
 

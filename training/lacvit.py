@@ -71,14 +71,14 @@ from .trainer import (
     CONFIG_FILE,
     METRICS_FILE,
     TrainingError,
-    _append_line,
-    _clean,
-    _load_split,
-    _show,
+    append_line,
     init_weights,
+    json_metric,
+    load_split,
     model_from_config,
     pick_device,
     seed_everything,
+    show_metric,
 )
 
 CLASSIFIER_FILE = "classifier.safetensors"
@@ -157,7 +157,9 @@ class Data:
 
 def encoder_scores(embeddings: np.ndarray, labels: Sequence[str]) -> dict:
     """Leave-one-out retrieval metrics and the isotropy score of embeddings (N, D)."""
-    scores = {k: _clean(v) for k, v in retrieval_metrics(embeddings, labels, ks=EVAL_KS).items()}
+    scores = {
+        k: json_metric(v) for k, v in retrieval_metrics(embeddings, labels, ks=EVAL_KS).items()
+    }
     scores["isotropy"] = isotropy_score(embeddings)
     return scores
 
@@ -293,7 +295,7 @@ def _prepare(cfg: FitConfig, resume: bool) -> tuple[Path, torch.device, Embeddin
         model.backbone.requires_grad_(False)
     model = model.to(device)
     data_config = model.data_config()
-    split = _load_split(cfg, image_size=data_config["input_size"][-1])
+    split = load_split(cfg, image_size=data_config["input_size"][-1])
     train, bad_train = drop_unreadable(split.train, "training images")
     test, bad_test = drop_unreadable(split.test, "held-out images")
     if bad_train + bad_test:
@@ -383,7 +385,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     cfg.save(run / CONFIG_FILE)
 
     def record(row: dict) -> None:
-        _append_line(run / METRICS_FILE, row)
+        append_line(run / METRICS_FILE, row)
         history.append(row)
 
     started = time.perf_counter()
@@ -392,7 +394,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
         emb = embed_items(model, data.test, data.eval_transform, cfg.eval_batch_size, device)
         record({"stage": "initial", "epoch": 0, **encoder_scores(emb, test_labels)})
         print(
-            f"initial encoder: R@1 {_show(history[-1]['recall@1'])}  "
+            f"initial encoder: R@1 {show_metric(history[-1]['recall@1'])}  "
             f"isotropy {history[-1]['isotropy']:.4f}"
         )
 
@@ -460,10 +462,10 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
         save_checkpoint(run, model, head, optimizer, state)
         record(row)
         plot_curves([r for r in history if r["stage"] == stage], run / "curves.png")
-        top1 = f"top-1 {_show(row['top1'])}  " if "top1" in row else ""
+        top1 = f"top-1 {show_metric(row['top1'])}  " if "top1" in row else ""
         print(
             f"{stage} {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {top1}"
-            f"R@1 {_show(row['recall@1'])}  mAP {_show(row['map'])}  "
+            f"R@1 {show_metric(row['recall@1'])}  mAP {show_metric(row['map'])}  "
             f"isotropy {row['isotropy']:.4f}  {seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} views/s)"
         )
@@ -476,7 +478,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
             record(row)
             print(
                 f"probe {row['epoch']}/{cfg.probe_epochs}  loss {row['loss']:.4f}  "
-                f"top-1 {_show(row['top1'])}  {row['train_seconds']:.1f}s"
+                f"top-1 {show_metric(row['top1'])}  {row['train_seconds']:.1f}s"
             )
 
         head, _ = train_probe(model, data, cfg, device, on_epoch=report)
@@ -488,8 +490,8 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     results = _results(cfg, history, classifier_stage, time.perf_counter() - started)
     atomic_write_text(run / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     print(
-        f"done: {cfg.method}, held-out top-1 {_show(results['top1'])}, encoder R@1 "
-        f"{_show(results['recall@1'])} mAP {_show(results['map'])}, isotropy "
+        f"done: {cfg.method}, held-out top-1 {show_metric(results['top1'])}, encoder R@1 "
+        f"{show_metric(results['recall@1'])} mAP {show_metric(results['map'])}, isotropy "
         f"{results['initial_isotropy']:.4f} -> {results['isotropy']:.4f} "
         f"in {results['seconds']:.0f}s -> {run}"
     )

@@ -48,8 +48,8 @@ from .augment import (
     COLOR_JITTER,
     RandomGaussianBlur,
     TwoViews,
-    _size_and_interpolation,
-    _to_model_input,
+    size_and_interpolation,
+    to_model_input,
 )
 from .checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
 from .data import ImageDataset, drop_unreadable
@@ -62,10 +62,11 @@ from .trainer import (
     CONFIG_FILE,
     METRICS_FILE,
     TrainingError,
-    _append_line,
-    _read_metrics,
+    append_line,
     pick_device,
+    read_metrics,
     seed_everything,
+    show_metric,
 )
 
 
@@ -75,7 +76,7 @@ def view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Com
     SimCLR's operations as the paper lists them (crop, flip, colour jitter, blur; plus
     SimCLR's grayscale), at training/augment.py's strengths, without its rotation.
     """
-    size, interpolation = _size_and_interpolation(data_config)
+    size, interpolation = size_and_interpolation(data_config)
     blur = RandomGaussianBlur((0.1, max(0.5, 2.0 * size / 224)))
     return v2.Compose(
         [
@@ -86,7 +87,7 @@ def view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Com
             v2.RandomApply([v2.ColorJitter(*COLOR_JITTER)], p=0.8),
             v2.RandomGrayscale(p=0.2),
             v2.RandomApply([blur], p=0.5),
-            *_to_model_input(data_config),
+            *to_model_input(data_config),
         ]
     )
 
@@ -216,7 +217,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     if resume:
         start_epoch = int(load_checkpoint(run, encoder, heads, optimizer)["epoch"])
         print(f"resuming {run} after epoch {start_epoch}")
-    history = _read_metrics(run / METRICS_FILE, start_epoch)
+    history = read_metrics(run / METRICS_FILE, start_epoch)
     atomic_write_text(run / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
     cfg.save(run / PRETRAIN_FILE)
     cfg.embedding_config().save(run / CONFIG_FILE)
@@ -305,13 +306,13 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
         )
         state = {"epoch": epoch, "stage": "pretrain", "method": cfg.method, "config": asdict(cfg)}
         save_checkpoint(run, encoder, heads, optimizer, state)
-        _append_line(run / METRICS_FILE, row)
+        append_line(run / METRICS_FILE, row)
         history.append(row)
         plot_losses(history, run / "curves.png")
         print(
             f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  "
-            f"L_g {row['global_loss']:.4f}  L_d {_show(row['dense_loss'])}  "
-            f"L_r {_show(row['recon_loss'])}  lr {lr:.2e}  {seconds:.1f}s "
+            f"L_g {row['global_loss']:.4f}  L_d {show_metric(row['dense_loss'])}  "
+            f"L_r {show_metric(row['recon_loss'])}  lr {lr:.2e}  {seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} img/s)"
         )
     elapsed = time.perf_counter() - started
@@ -321,10 +322,6 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
             f"{elapsed:.0f}s -> {run} (embedding: {cfg.backbone}+{cfg.global_pool})"
         )
     return row
-
-
-def _show(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
 
 
 def plot_losses(history: list[dict], path: Path) -> None:

@@ -113,7 +113,7 @@ def init_weights(model: EmbeddingModel, run: str) -> None:
     print(f"initialised from {run}{note}")
 
 
-def _load_split(cfg: FitConfig, image_size: int) -> Split:
+def load_split(cfg: FitConfig, image_size: int) -> Split:
     split = load_dataset(
         cfg.dataset,
         cfg.data_root,
@@ -127,14 +127,14 @@ def _load_split(cfg: FitConfig, image_size: int) -> Split:
     return split
 
 
-def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
+def read_metrics(path: Path, upto_epoch: int) -> list[dict]:
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [row for row in rows if row["epoch"] <= upto_epoch]
 
 
-def _append_line(path: Path, row: dict) -> None:
+def append_line(path: Path, row: dict) -> None:
     with open(path, "a") as fh:
         fh.write(json.dumps(row) + "\n")
         fh.flush()
@@ -165,7 +165,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
         model.backbone.requires_grad_(False)
     model = model.to(device)
     data_config = model.data_config()
-    split = _load_split(cfg, image_size=data_config["input_size"][-1])
+    split = load_split(cfg, image_size=data_config["input_size"][-1])
     train_items, bad_train = drop_unreadable(split.train, "training images")
     test_items, bad_test = drop_unreadable(split.test, "held-out images")
     skipped = bad_train + bad_test
@@ -191,7 +191,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
         state = load_checkpoint(run, model, loss_fn, optimizer)
         start_epoch = int(state["epoch"])
         print(f"resuming {run} after epoch {start_epoch}")
-    history = _read_metrics(run / METRICS_FILE, start_epoch)
+    history = read_metrics(run / METRICS_FILE, start_epoch)
     atomic_write_text(run / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in history))
     cfg.save(run / CONFIG_FILE)
 
@@ -256,34 +256,36 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
             "epoch": epoch,
             "loss": loss_sum / max(seen, 1),
             "lr": lr,
-            **{k: _clean(v) for k, v in scores.items()},
+            **{k: json_metric(v) for k, v in scores.items()},
             "train_seconds": round(train_seconds, 3),
             "train_images_per_s": round(seen / train_seconds, 1),
         }
         save_checkpoint(run, model, loss_fn, optimizer, {"epoch": epoch, "config": asdict(cfg)})
-        _append_line(run / METRICS_FILE, row)
+        append_line(run / METRICS_FILE, row)
         history.append(row)
         plot_curves(history, run / "curves.png")
         print(
-            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  R@1 {_show(row['recall@1'])}  "
-            f"mAP {_show(row['map'])}  lr {lr:.2e}  {train_seconds:.1f}s "
+            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  "
+            f"R@1 {show_metric(row['recall@1'])}  "
+            f"mAP {show_metric(row['map'])}  lr {lr:.2e}  {train_seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} img/s)"
         )
     elapsed = time.perf_counter() - started
     if row:
         print(
-            f"done: {cfg.epochs} epochs, held-out R@1 {_show(row['recall@1'])} "
-            f"mAP {_show(row['map'])} MAP@R {_show(row['map_at_r'])} in {elapsed:.0f}s -> {run}"
+            f"done: {cfg.epochs} epochs, held-out R@1 {show_metric(row['recall@1'])} "
+            f"mAP {show_metric(row['map'])} MAP@R {show_metric(row['map_at_r'])} "
+            f"in {elapsed:.0f}s -> {run}"
         )
     return row
 
 
-def _show(value: float | None) -> str:
+def show_metric(value: float | None) -> str:
     """A metric for the console; None when no held-out query had a same-class neighbour."""
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def _clean(value: float | int) -> float | int | None:
+def json_metric(value: float | int) -> float | int | None:
     """JSON has no NaN: metrics undefined on a split (no valid query) become null."""
     if isinstance(value, float) and math.isnan(value):
         return None

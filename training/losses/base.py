@@ -21,6 +21,13 @@ class MetricLoss(nn.Module):
         raise NotImplementedError
 
 
+def check_temperature(temperature: float) -> float:
+    """A softmax temperature: a positive number (the losses divide by it)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return float(temperature)
+
+
 def check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor) -> None:
     if embeddings.dim() != 2:
         raise ValueError(f"embeddings must be (N, D), got shape {tuple(embeddings.shape)}")

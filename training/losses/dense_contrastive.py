@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import check_paired_views
+from .base import check_paired_views, check_temperature
 
 NEGATIVES = ("random", "guided", "densecl")
 GUIDED_CHUNK_ELEMENTS = 1 << 24
@@ -86,8 +86,6 @@ class DenseContrastiveLoss(nn.Module):
         super().__init__()
         if negatives not in NEGATIVES:
             raise ValueError(f"unknown negatives {negatives!r}; valid: {', '.join(NEGATIVES)}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
         if candidates < 1:
             raise ValueError(f"candidates must be >= 1, got {candidates}")
         if not -1.0 <= beta <= 1.0:
@@ -97,7 +95,7 @@ class DenseContrastiveLoss(nn.Module):
         if cross_view_negatives < 0:
             raise ValueError(f"cross_view_negatives must be >= 0, got {cross_view_negatives}")
         self.negatives = negatives
-        self.temperature = float(temperature)
+        self.temperature = check_temperature(temperature)
         self.candidates = int(candidates)
         self.beta = float(beta)
         self.cross_view_negatives = int(cross_view_negatives)

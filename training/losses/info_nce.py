@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import check_paired_views
+from .base import check_paired_views, check_temperature
 
 
 class InfoNCELoss(nn.Module):
@@ -36,9 +36,7 @@ class InfoNCELoss(nn.Module):
 
     def __init__(self, temperature: float = 0.1):
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = check_temperature(temperature)
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}"

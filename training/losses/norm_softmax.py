@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import MetricLoss
+from .base import MetricLoss, check_temperature
 
 
 class NormSoftmaxLoss(MetricLoss):
@@ -27,9 +27,7 @@ class NormSoftmaxLoss(MetricLoss):
         super().__init__()
         if num_classes < 2:
             raise ValueError(f"norm_softmax needs at least 2 classes, got {num_classes}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = temperature
+        self.temperature = check_temperature(temperature)
         self.proxies = nn.Parameter(torch.randn(num_classes, embedding_dim) / embedding_dim**0.5)
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:

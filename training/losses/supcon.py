@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import MetricLoss
+from .base import MetricLoss, check_temperature
 
 
 class SupConLoss(MetricLoss):
@@ -41,9 +41,7 @@ class SupConLoss(MetricLoss):
 
     def __init__(self, temperature: float = 0.1):
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = check_temperature(temperature)
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}"
