@@ -94,5 +94,7 @@ RUN python3 -m venv /opt/venv \
  && chown vitrieval:vitrieval /models /runs /data
 USER 10001:10001
 WORKDIR /home/vitrieval
+# `fit --recipe recipes/jcf_three_step.yaml` works from the working folder
+COPY --chown=10001:10001 recipes recipes
 ENTRYPOINT ["vitrieval-train"]
 CMD ["--help"]

@@ -270,6 +270,7 @@ def test_dockerignore_keeps_the_context_small():
         "index",
         "service",
         "training",
+        "recipes",  # the training image's fit --recipe files
     }
     copied = {
         part
@@ -358,7 +359,8 @@ def test_compose_servers_share_the_jobs_volumes_and_validate_as_settings():
         assert set(environment) <= fields, set(environment) - fields
         settings = _settings_from(environment)
         assert settings.read_only and settings.api_key is None
-        assert str(settings.model) == "/models/model.onnx" and str(settings.index) == "/index"
+        # the index's own model copy: a retrained /models/model.onnx never meets an old index
+        assert str(settings.model) == "/index/model.onnx" and str(settings.index) == "/index"
     assert _settings_from(services["serve"]["environment"]).device == "cpu"
     assert _settings_from(services["serve-gpu"]["environment"]).device == "cuda"
     assert services["serve"]["ports"][0]["published"] == 8000

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from index.model_metadata import read_model_metadata
 from training.cli import main
-from training.config import FitConfig
+from training.config import FitConfig, load_config_file
 from training.trainer import fit
 
 FAST = ["--epochs", "2", "--batch-size", "128", "--workers", "0", "--warmup-epochs", "1"]
@@ -104,6 +104,55 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, capsys, args, need
     assert needle in err
     assert "Traceback" not in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("lr: abc\n", "lr must be a number, got 'abc'"),
+        ("epochs: 2.5\n", "epochs must be an integer, got 2.5"),
+        ("amp: 3\n", "amp must be true or false, got 3"),
+        ("method: [ce]\n", "method must be text"),
+        ("seed: null\n", "seed must be an integer, got None"),
+    ],
+)
+@pytest.mark.parametrize("command", ["fit", "pretrain"])
+def test_config_file_values_of_the_wrong_type_are_one_line_errors(
+    tmp_path, capsys, command, text, needle
+):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    argv = [command, "--out", str(tmp_path / "r"), "--config", str(config)]
+    assert main([*argv, "--images", str(tmp_path)] if command == "pretrain" else argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_config_file_values_take_the_flag_types(tmp_path):
+    """YAML reads `1e-4` (no dot) as text and `3.0` as a float: the flags' types win."""
+    config = tmp_path / "c.yaml"
+    config.write_text("lr: 1e-4\nepochs: 3.0\ndim: null\nout: runs/x\n")
+    values = load_config_file(config)
+    assert values == {"lr": 1e-4, "epochs": 3, "dim": None, "out": "runs/x"}
+    assert isinstance(values["epochs"], int)
+
+
+def test_recipe_values_are_checked_like_config_files(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("stages:\n  - name: one\n    lr: fast\n")
+    assert main(["fit", "--out", str(tmp_path / "run"), "--recipe", str(recipe)]) == 2
+    assert "stage one: lr must be a number, got 'fast'" in capsys.readouterr().err
+    recipe.write_text("stages:\n  - just a string\n")
+    assert main(["fit", "--out", str(tmp_path / "run"), "--recipe", str(recipe)]) == 2
+    assert "each a mapping with a `name`" in capsys.readouterr().err
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "file"
+    out.write_text("x")
+    assert main(["fit", "--out", str(out)]) == 2
+    assert main(["pretrain", "--out", str(out), "--images", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("is a file; a run needs a folder") == 2
 
 
 def test_corrupt_images_are_skipped_and_counted(tmp_path, capsys):

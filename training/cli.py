@@ -7,6 +7,7 @@ message and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
@@ -18,7 +19,14 @@ from index.model_metadata import ModelMetadataError
 
 from .backbones import BackboneError, vit_names
 from .checkpoint import CheckpointError
-from .config import ConfigError, FitConfig, add_config_arguments, config_from_args, load_config_file
+from .config import (
+    ConfigError,
+    FitConfig,
+    add_config_arguments,
+    config_from_args,
+    load_config_file,
+    typed_options,
+)
 from .pooling import PoolingOptionError
 from .registry import UnknownNameError
 
@@ -116,13 +124,28 @@ def _fit_recipe(args: argparse.Namespace, fit) -> int:
 def _load_recipe(path: Path) -> dict:
     recipe = load_config_file(path, None)
     stages = recipe.get("stages")
-    if not isinstance(stages, list) or not stages or not all("name" in s for s in stages):
-        raise ConfigError(f"{path}: a recipe needs a list of `stages`, each with a `name`")
-    for part in [recipe.get("common", {}), *stages]:
-        unknown = sorted(set(part) - FIT_FIELDS - {"name"})
-        if unknown:
-            raise ConfigError(f"{path}: unknown options {', '.join(unknown)}")
-    return recipe
+    common = recipe.get("common") or {}
+    if (
+        not isinstance(stages, list)
+        or not stages
+        or not all(isinstance(s, dict) and "name" in s for s in stages)
+        or not isinstance(common, dict)
+    ):
+        raise ConfigError(
+            f"{path}: a recipe needs a list of `stages`, each a mapping with a `name` "
+            "(and optionally a `common` mapping)"
+        )
+    return {
+        "common": typed_options(str(path), common),
+        "stages": [
+            {"name": s["name"], **typed_options(f"{path}, stage {s['name']}", _without_name(s))}
+            for s in stages
+        ],
+    }
+
+
+def _without_name(stage: dict) -> dict:
+    return {k: v for k, v in stage.items() if k != "name"}
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -193,9 +216,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Log lines to whatever sys.stdout is at the time (with the progress lines)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _show_log_lines() -> None:
+    """The training packages' INFO lines (which device, and why not the GPU) on stdout."""
+    logger = logging.getLogger("vitrieval.train")
+    if not any(isinstance(h, _StdoutHandler) for h in logger.handlers):
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _show_log_lines()
     try:
         return args.handler(args)
     except USER_ERRORS as exc:

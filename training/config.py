@@ -60,7 +60,16 @@ POOL_HEAD_SIZES = ("pool_dim", "pool_out_dim", "pool_codebook", "pool_rank")
 """Size options of the second-order heads (ccbp, jcf); None leaves the head's default."""
 
 
-def _opt(help: str, default: Any = None, **extra: Any) -> Any:
+def check_run_folder(out: str | None) -> None:
+    """`--out RUN`: given, and a folder (or nothing yet), not a file."""
+    if not out:
+        raise ConfigError("--out RUN is required")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a file; a run needs a folder")
+
+
+def opt(help: str, default: Any = None, **extra: Any) -> Any:
+    """A config field with its `--flag` help text (and extra flag names in `flags`)."""
     return field(default=default, metadata={"help": help, **extra})
 
 
@@ -68,67 +77,67 @@ def _opt(help: str, default: Any = None, **extra: Any) -> Any:
 class FitConfig:
     """Everything `vitrieval-train fit` needs."""
 
-    out: str = _opt("run folder (created; holds config, metrics, checkpoints, plots)", "")
+    out: str = opt("run folder (created; holds config, metrics, checkpoints, plots)", "")
     # data
-    dataset: str = _opt("digits | folder | csv | cub | cars | sop", "digits")
-    data_root: str | None = _opt("dataset folder or CSV file (all but digits)")
-    split: str | None = _opt("stratified | disjoint (default: the dataset's own protocol)")
-    test_fraction: float = _opt("held-out share per class for stratified splits", 0.3)
+    dataset: str = opt("digits | folder | csv | cub | cars | sop", "digits")
+    data_root: str | None = opt("dataset folder or CSV file (all but digits)")
+    split: str | None = opt("stratified | disjoint (default: the dataset's own protocol)")
+    test_fraction: float = opt("held-out share per class for stratified splits", 0.3)
     # model
-    backbone: str = _opt(
+    backbone: str = opt(
         "preset name (tiny, small) or any timm ViT name", "tiny", flags=("--preset",)
     )
-    pretrained: str | None = _opt("weights file (safetensors or state dict), or 'timm' for the hub")
-    init: str | None = _opt("run folder whose model.safetensors initialises the whole model")
-    freeze_backbone: bool = _opt("train only the pooling/projection head (and the loss)", False)
-    pool: str = _opt("pooling head: cls | avg | max | gem | ggem | ccbp | jcf", "ggem")
-    pool_p: float = _opt("initial exponent p of gem/ggem", 3.0)
-    pool_groups: int | None = _opt("ggem groups (default: the backbone's number of heads)")
-    pool_dim: int | None = _opt("ccbp/jcf: width d of the reduced local features (default: 256)")
-    pool_out_dim: int | None = _opt("ccbp/jcf: output width D (default: 512)")
-    pool_codebook: int | None = _opt("ccbp/jcf: codebook size N (default: 32)")
-    pool_rank: int | None = _opt("jcf: number R of shared projectors (default: 8)")
-    dim: int | None = _opt("project the pooled vector to this many dimensions (default: none)")
-    drop_path: float = _opt("stochastic depth rate", 0.1)
+    pretrained: str | None = opt("weights file (safetensors or state dict), or 'timm' for the hub")
+    init: str | None = opt("run folder whose model.safetensors initialises the whole model")
+    freeze_backbone: bool = opt("train only the pooling/projection head (and the loss)", False)
+    pool: str = opt("pooling head: cls | avg | max | gem | ggem | ccbp | jcf", "ggem")
+    pool_p: float = opt("initial exponent p of gem/ggem", 3.0)
+    pool_groups: int | None = opt("ggem groups (default: the backbone's number of heads)")
+    pool_dim: int | None = opt("ccbp/jcf: width d of the reduced local features (default: 256)")
+    pool_out_dim: int | None = opt("ccbp/jcf: output width D (default: 512)")
+    pool_codebook: int | None = opt("ccbp/jcf: codebook size N (default: 32)")
+    pool_rank: int | None = opt("jcf: number R of shared projectors (default: 8)")
+    dim: int | None = opt("project the pooled vector to this many dimensions (default: none)")
+    drop_path: float = opt("stochastic depth rate", 0.1)
     # loss
-    loss: str = _opt("training loss: norm_softmax | triplet | supcon", "norm_softmax")
-    temperature: float | None = _opt("temperature of norm_softmax (0.05) or supcon (0.1)")
-    margin: float = _opt("triplet margin", 0.1)
-    mining: str = _opt("triplet mining: batch_hard | semi_hard | all", "batch_hard")
-    sampler: str | None = _opt("random | pk (default: pk for triplet and supcon, else random)")
-    classes_per_batch: int = _opt("P of the class-balanced P x K sampler", 8)
-    samples_per_class: int = _opt("K of the class-balanced P x K sampler", 8)
+    loss: str = opt("training loss: norm_softmax | triplet | supcon", "norm_softmax")
+    temperature: float | None = opt("temperature of norm_softmax (0.05) or supcon (0.1)")
+    margin: float = opt("triplet margin", 0.1)
+    mining: str = opt("triplet mining: batch_hard | semi_hard | all", "batch_hard")
+    sampler: str | None = opt("random | pk (default: pk for triplet and supcon, else random)")
+    classes_per_batch: int = opt("P of the class-balanced P x K sampler", 8)
+    samples_per_class: int = opt("K of the class-balanced P x K sampler", 8)
     # method (training/lacvit.py)
-    method: str = _opt("metric | lacvit | ce (lacvit: --epochs is stage 1)", "metric")
-    probe_epochs: int = _opt("lacvit stage 2: epochs of the linear probe (SGD)", 10)
-    probe_lr: float = _opt("lacvit stage 2: SGD learning rate of the linear probe", 0.1)
-    proj_dim: int = _opt("lacvit stage 1: output width of the projection head", 128)
+    method: str = opt("metric | lacvit | ce (lacvit: --epochs is stage 1)", "metric")
+    probe_epochs: int = opt("lacvit stage 2: epochs of the linear probe (SGD)", 10)
+    probe_lr: float = opt("lacvit stage 2: SGD learning rate of the linear probe", 0.1)
+    proj_dim: int = opt("lacvit stage 1: output width of the projection head", 128)
     # optimisation
-    epochs: int = _opt("training epochs", 80)
-    batch_size: int = _opt("images per step", 64)
-    lr: float | None = _opt(
+    epochs: int = opt("training epochs", 80)
+    batch_size: int = opt("images per step", 64)
+    lr: float | None = opt(
         "peak learning rate of the network (AdamW) (default: 2e-3, 5e-4 for ccbp and jcf)"
     )
-    proxy_lr_scale: float = _opt("learning-rate multiplier of the loss's class proxies", 10.0)
-    weight_decay: float = _opt("AdamW weight decay (not on biases, norms, tokens, p)", 0.05)
-    layer_decay: float | None = _opt(
+    proxy_lr_scale: float = opt("learning-rate multiplier of the loss's class proxies", 10.0)
+    weight_decay: float = opt("AdamW weight decay (not on biases, norms, tokens, p)", 0.05)
+    layer_decay: float | None = opt(
         "layer-wise lr decay (default: 0.65 with pretrained weights, else 1)"
     )
-    warmup_epochs: float = _opt("linear warm-up length, in epochs", 2.0)
-    min_lr_ratio: float = _opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
-    clip_grad: float | None = _opt("clip the gradient norm to this value (none: no clipping)", 1.0)
+    warmup_epochs: float = opt("linear warm-up length, in epochs", 2.0)
+    min_lr_ratio: float = opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
+    clip_grad: float | None = opt("clip the gradient norm to this value (none: no clipping)", 1.0)
     # augmentation
-    crop_scale: float = _opt("smallest area share kept by the random resized crop", 0.8)
-    hflip: float | None = _opt("horizontal-flip probability (default: 0 for digits, 0.5 otherwise)")
-    auto_augment: str | None = _opt(
+    crop_scale: float = opt("smallest area share kept by the random resized crop", 0.8)
+    hflip: float | None = opt("horizontal-flip probability (default: 0 for digits, 0.5 otherwise)")
+    auto_augment: str | None = opt(
         "timm auto-augment policy ('none' to turn it off)", "rand-m9-mstd0.5"
     )
     # machinery
-    device: str = _opt("auto | cpu | cuda", "auto")
-    amp: bool = _opt("mixed precision on CUDA", True)
-    workers: int | None = _opt("data-loading processes (default: 0 for digits, else up to 4)")
-    seed: int = _opt("random seed (data order, augmentation, initialisation)", 0)
-    eval_batch_size: int = _opt("images per step when embedding the held-out split", 256)
+    device: str = opt("auto | cpu | cuda", "auto")
+    amp: bool = opt("mixed precision on CUDA", True)
+    workers: int | None = opt("data-loading processes (default: 0 for digits, else up to 4)")
+    seed: int = opt("random seed (data order, augmentation, initialisation)", 0)
+    eval_batch_size: int = opt("images per step when embedding the held-out split", 256)
 
     def resolved(self) -> FitConfig:
         """A copy with the derived defaults filled in."""
@@ -161,8 +170,7 @@ class FitConfig:
         return cfg
 
     def validate(self) -> None:
-        if not self.out:
-            raise ConfigError("--out RUN is required")
+        check_run_folder(self.out)
         positive = ("epochs", "batch_size", "lr", "eval_batch_size", "temperature", "margin")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -253,11 +261,40 @@ def load_config_file(path: Path, cls: type | None = FitConfig) -> dict[str, Any]
         raise ConfigError(f"{path} must hold a mapping of option names to values")
     if cls is None:
         return data
+    return typed_options(str(path), data, cls)
+
+
+def typed_options(source: str, data: dict[str, Any], cls: type = FitConfig) -> dict[str, Any]:
+    """Options read from a file (`source` names it in errors): every key a field of
+    `cls`, every value converted to the field's type, or a one-line ConfigError."""
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{path}: unknown options {', '.join(unknown)}")
-    return data
+        raise ConfigError(f"{source}: unknown options {', '.join(unknown)}")
+    hints = typing.get_type_hints(cls)
+    return {name: _typed_value(source, name, value, hints[name]) for name, value in data.items()}
+
+
+def _typed_value(path: str, name: str, value: Any, annotation: Any) -> Any:
+    """A file's value converted to the field's type as its flag would be (YAML reads
+    `1e-4` as a string), or a ConfigError naming the option."""
+    base, optional = _field_type(annotation)
+    if value is None and optional:
+        return None
+    if base is bool and isinstance(value, bool):
+        return value
+    if base in (int, float, str, Path) and not isinstance(value, (bool, dict, list)):
+        try:
+            converted = base(value)
+            if base is int and isinstance(value, float) and value != converted:
+                raise ValueError
+            return converted
+        except (TypeError, ValueError):
+            pass
+    if base not in (bool, int, float, str, Path):
+        return value  # a type the flags do not parse: left to the config's own checks
+    kind = {bool: "true or false", int: "an integer", float: "a number"}.get(base, "text")
+    raise ConfigError(f"{path}: {name} must be {kind}, got {value!r}")
 
 
 def config_from_args(args: argparse.Namespace, cls: type = FitConfig) -> Any:

@@ -72,6 +72,7 @@ from .trainer import (
     METRICS_FILE,
     TrainingError,
     append_line,
+    describe_device,
     init_weights,
     json_metric,
     load_split,
@@ -309,9 +310,11 @@ def _prepare(cfg: FitConfig, resume: bool) -> tuple[Path, torch.device, Embeddin
         raise TrainingError(f"{split.name}: no readable held-out images to evaluate on")
     _, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, None)
     classes = sorted({item.label for item in train})
+    amp = _Amp(cfg.amp, device)
     print(
         f"{cfg.method}: {cfg.backbone}+{cfg.pool} on {split.name} ({len(train)} train / "
-        f"{len(test)} held-out images, {len(classes)} classes) on {device}"
+        f"{len(test)} held-out images, {len(classes)} classes) on "
+        f"{describe_device(device, amp.dtype if amp.on else None)}"
     )
     return run, device, model, Data(train, test, classes, eval_tf, data_config)
 

@@ -63,6 +63,7 @@ from .trainer import (
     METRICS_FILE,
     TrainingError,
     append_line,
+    describe_device,
     pick_device,
     read_metrics,
     seed_everything,
@@ -235,7 +236,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     print(
         f"pretraining {cfg.backbone}+{cfg.global_pool} with {cfg.method} (lambda "
         f"{cfg.dense_weight}{negatives}, tau {cfg.temperature}) on {len(items)} images "
-        f"on {device}{' with AMP ' + str(amp_dtype).removeprefix('torch.') if use_amp else ''}"
+        f"on {describe_device(device, amp_dtype if use_amp else None)}"
     )
 
     started = time.perf_counter()

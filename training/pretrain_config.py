@@ -16,7 +16,7 @@ import yaml
 
 from index.atomic import atomic_write_text
 
-from .config import ConfigError, FitConfig, _opt
+from .config import ConfigError, FitConfig, check_run_folder, opt
 
 PRETRAIN_FILE = "pretrain.yaml"
 PRETRAIN_METHODS = ("densecl++", "simclr", "densecl")
@@ -28,47 +28,47 @@ DENSE_WEIGHT = {"densecl++": 0.9, "densecl": 0.3, "simclr": 0.0}
 class PretrainConfig:
     """Everything `vitrieval-train pretrain` needs (saved as RUN/pretrain.yaml)."""
 
-    out: str = _opt("run folder (created; config, metrics, checkpoints, model weights)", "")
-    images: str = _opt("folder of unlabelled images, searched recursively", "")
-    method: str = _opt("densecl++ | simclr | densecl", "densecl++")
+    out: str = opt("run folder (created; config, metrics, checkpoints, model weights)", "")
+    images: str = opt("folder of unlabelled images, searched recursively", "")
+    method: str = opt("densecl++ | simclr | densecl", "densecl++")
     # model
-    backbone: str = _opt(
+    backbone: str = opt(
         "preset name (tiny, small) or any timm ViT name", "tiny", flags=("--preset",)
     )
-    pretrained: str | None = _opt("weights file (safetensors or state dict), or 'timm'")
-    global_pool: str = _opt("global representation, also the exported embedding: avg | cls", "avg")
-    proj_dim: int = _opt("output width of the global and dense heads", 128)
-    head_hidden_dim: int | None = _opt("hidden width of the heads (default: 4x backbone width)")
-    drop_path: float = _opt("stochastic depth rate", 0.1)
+    pretrained: str | None = opt("weights file (safetensors or state dict), or 'timm'")
+    global_pool: str = opt("global representation, also the exported embedding: avg | cls", "avg")
+    proj_dim: int = opt("output width of the global and dense heads", 128)
+    head_hidden_dim: int | None = opt("hidden width of the heads (default: 4x backbone width)")
+    drop_path: float = opt("stochastic depth rate", 0.1)
     # objective
-    dense_weight: float | None = _opt(
+    dense_weight: float | None = opt(
         "lambda of (1 - lambda) L_g + lambda L_d (default: densecl++ 0.9, densecl 0.3, simclr 0)",
         flags=("--lambda",),
     )
-    temperature: float = _opt("tau of the global and dense InfoNCE losses", 0.1)
-    negatives: str | None = _opt("densecl++ dense negatives: random | guided (default: random)")
-    candidates: int = _opt("guided: number M of candidate negative sets", 256)
-    beta: float = _opt("guided: similarity threshold of eq. 3", 0.5)
-    cross_view_negatives: int | None = _opt(
+    temperature: float = opt("tau of the global and dense InfoNCE losses", 0.1)
+    negatives: str | None = opt("densecl++ dense negatives: random | guided (default: random)")
+    candidates: int = opt("guided: number M of candidate negative sets", 256)
+    beta: float = opt("guided: similarity threshold of eq. 3", 0.5)
+    cross_view_negatives: int | None = opt(
         "N least similar tokens of the positive view as extra negatives (default: 64 guided, 0)"
     )
-    recon_weight: float = _opt("gamma of the auxiliary L1 reconstruction loss (0: off)", 0.0)
+    recon_weight: float = opt("gamma of the auxiliary L1 reconstruction loss (0: off)", 0.0)
     # optimisation
-    epochs: int = _opt("training epochs", 100)
-    batch_size: int = _opt("images per step (2x as many views)", 64)
-    lr: float = _opt("peak learning rate (AdamW)", 2e-3)
-    weight_decay: float = _opt("AdamW weight decay (not on biases, norms, tokens)", 0.05)
-    warmup_epochs: float = _opt("linear warm-up length, in epochs", 10.0)
-    min_lr_ratio: float = _opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
-    clip_grad: float | None = _opt("clip the gradient norm to this value", 1.0)
+    epochs: int = opt("training epochs", 100)
+    batch_size: int = opt("images per step (2x as many views)", 64)
+    lr: float = opt("peak learning rate (AdamW)", 2e-3)
+    weight_decay: float = opt("AdamW weight decay (not on biases, norms, tokens)", 0.05)
+    warmup_epochs: float = opt("linear warm-up length, in epochs", 10.0)
+    min_lr_ratio: float = opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
+    clip_grad: float | None = opt("clip the gradient norm to this value", 1.0)
     # augmentation
-    crop_scale: float = _opt("smallest area share kept by the random resized crop", 0.2)
-    hflip: float = _opt("horizontal-flip probability", 0.5)
+    crop_scale: float = opt("smallest area share kept by the random resized crop", 0.2)
+    hflip: float = opt("horizontal-flip probability", 0.5)
     # machinery
-    device: str = _opt("auto | cpu | cuda", "auto")
-    amp: bool = _opt("mixed precision on CUDA", True)
-    workers: int | None = _opt("data-loading processes (default: up to 4)")
-    seed: int = _opt("random seed (data order, augmentation, negatives, initialisation)", 0)
+    device: str = opt("auto | cpu | cuda", "auto")
+    amp: bool = opt("mixed precision on CUDA", True)
+    workers: int | None = opt("data-loading processes (default: up to 4)")
+    seed: int = opt("random seed (data order, augmentation, negatives, initialisation)", 0)
 
     def resolved(self) -> PretrainConfig:
         """A copy with the per-method defaults filled in."""
@@ -84,8 +84,7 @@ class PretrainConfig:
         return cfg
 
     def validate(self) -> None:
-        if not self.out:
-            raise ConfigError("--out RUN is required")
+        check_run_folder(self.out)
         if not self.images:
             raise ConfigError("--images DIR is required (a folder of images)")
         if self.method not in PRETRAIN_METHODS:

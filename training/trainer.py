@@ -67,9 +67,7 @@ def pick_device(name: str) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
         if name == "cpu":
             logger.info("device auto: %s; training on the CPU", _no_cuda_reason())
-    device = torch.device(name)
-    logger.info("torch device: %s", describe_device(device))
-    return device
+    return torch.device(name)
 
 
 def _no_cuda_reason() -> str:
