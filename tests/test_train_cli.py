@@ -234,3 +234,27 @@ def test_recipe_runs_stages_in_order(tmp_path, capsys):
     bad.write_text("stages: [{name: a, colour: red}]\n")
     assert main(["fit", "--recipe", str(bad), "--out", str(run)]) == 2
     assert "unknown options colour" in capsys.readouterr().err
+
+
+def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
+    """The fp16 loss scale goes into state.json and comes back on resume (off: nothing)."""
+    from training.checkpoint import restore_scaler, scaler_state
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    grad = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([grad], lr=0.1)
+    for _ in range(4):  # one growth step (x2 after 3 finite steps), counter at 1
+        scaler.scale(grad.sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    saved = json.loads(json.dumps({"grad_scaler": scaler_state(scaler)}))
+    fresh = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    restore_scaler(fresh, saved)
+    assert fresh.get_scale() == scaler.get_scale() == 2048.0
+    assert fresh.state_dict() == scaler.state_dict()
+    off = torch.amp.GradScaler("cpu", enabled=False)
+    assert scaler_state(off) == {}
+    restore_scaler(off, saved)  # a disabled scaler ignores a saved scale
+    assert not off.is_enabled()
+    restore_scaler(fresh, None)  # a checkpoint from before this record
+    assert fresh.get_scale() == 2048.0

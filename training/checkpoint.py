@@ -135,6 +135,19 @@ def save_checkpoint(
             stale.unlink()
 
 
+def scaler_state(scaler: torch.amp.GradScaler) -> dict[str, Any]:
+    """The fp16 loss scale and its growth counter, for `state.json` (empty when off): a
+    resumed fp16 run continues with the scale the unbroken one would have."""
+    return scaler.state_dict() if scaler.is_enabled() else {}
+
+
+def restore_scaler(scaler: torch.amp.GradScaler, state: dict | None) -> None:
+    """Load `scaler_state`'s record from a checkpoint's state (nothing if absent or off)."""
+    saved = (state or {}).get("grad_scaler")
+    if saved and scaler.is_enabled():
+        scaler.load_state_dict(saved)
+
+
 def _link_replace(source: Path, target: Path) -> None:
     """Make `target` a hard link to `source` (a copy where links are not supported),
     replacing it atomically."""

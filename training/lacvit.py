@@ -57,8 +57,10 @@ from .augment import TwoViews, contrastive_view_transform, light_transform
 from .checkpoint import (
     CHECKPOINT_DIR,
     load_checkpoint,
+    restore_scaler,
     save_checkpoint,
     save_tensors,
+    scaler_state,
 )
 from .config import FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
@@ -375,6 +377,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     optimizer = _optimizer(model, head, cfg)
 
     start_epoch = 0
+    state = None
     if resume:
         saved = run / CHECKPOINT_DIR / "state.json"
         if saved.is_file() and json.loads(saved.read_text()).get("stage") != stage:
@@ -407,6 +410,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     total_steps = cfg.epochs * steps_per_epoch
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
     amp = _Amp(cfg.amp, device)
+    restore_scaler(amp.scaler, state)
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         seed_everything(cfg.seed * 100_003 + epoch)  # a resumed run draws the same views
         loader = epoch_loader(dataset, cfg, epoch, pin_memory=device.type == "cuda")
@@ -461,7 +465,12 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
             row["top1"] = top1_accuracy(head, emb, test_labels, class_to_index)
         row.update(encoder_scores(emb, test_labels))
         row.update(train_seconds=round(seconds, 3), train_images_per_s=round(seen / seconds, 1))
-        state = {"epoch": epoch, "stage": stage, "config": asdict(cfg)}
+        state = {
+            "epoch": epoch,
+            "stage": stage,
+            "config": asdict(cfg),
+            "grad_scaler": scaler_state(amp.scaler),
+        }
         save_checkpoint(run, model, head, optimizer, state)
         record(row)
         plot_curves([r for r in history if r["stage"] == stage], run / "curves.png")

@@ -51,7 +51,13 @@ from .augment import (
     size_and_interpolation,
     to_model_input,
 )
-from .checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    CHECKPOINT_DIR,
+    load_checkpoint,
+    restore_scaler,
+    save_checkpoint,
+    scaler_state,
+)
 from .data import ImageDataset, drop_unreadable
 from .losses import DenseContrastiveLoss, InfoNCELoss
 from .model import EmbeddingModel, build_model
@@ -215,8 +221,10 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     optimizer = _optimizer(encoder, heads, cfg)
 
     start_epoch = 0
+    saved_state = None
     if resume:
-        start_epoch = int(load_checkpoint(run, encoder, heads, optimizer)["epoch"])
+        saved_state = load_checkpoint(run, encoder, heads, optimizer)
+        start_epoch = int(saved_state["epoch"])
         print(f"resuming {run} after epoch {start_epoch}")
     history = read_metrics(run / METRICS_FILE, start_epoch)
     atomic_write_text(run / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
@@ -232,6 +240,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     use_amp = cfg.amp and device.type == "cuda"
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    restore_scaler(scaler, saved_state)
     negatives = f", negatives {cfg.negatives}" if cfg.negatives else ""
     print(
         f"pretraining {cfg.backbone}+{cfg.global_pool} with {cfg.method} (lambda "
@@ -305,7 +314,13 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
             train_seconds=round(seconds, 3),
             train_images_per_s=round(seen / seconds, 1),
         )
-        state = {"epoch": epoch, "stage": "pretrain", "method": cfg.method, "config": asdict(cfg)}
+        state = {
+            "epoch": epoch,
+            "stage": "pretrain",
+            "method": cfg.method,
+            "config": asdict(cfg),
+            "grad_scaler": scaler_state(scaler),
+        }
         save_checkpoint(run, encoder, heads, optimizer, state)
         append_line(run / METRICS_FILE, row)
         history.append(row)

@@ -30,7 +30,9 @@ from .checkpoint import (
     MODEL_FILE,
     load_checkpoint,
     load_init_weights,
+    restore_scaler,
     save_checkpoint,
+    scaler_state,
 )
 from .config import LOSS_OPTIONS, POOL_OPTIONS, ConfigError, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
@@ -185,6 +187,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
 
     start_epoch = 0
+    state = None
     if resume:
         state = load_checkpoint(run, model, loss_fn, optimizer)
         start_epoch = int(state["epoch"])
@@ -202,6 +205,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     use_amp = cfg.amp and device.type == "cuda"
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    restore_scaler(scaler, state)
     print(
         f"training {cfg.backbone}+{cfg.pool} on {split.name} ({len(train_items)} train / "
         f"{len(test_items)} held-out images, {len(classes)} classes) on "
@@ -258,7 +262,8 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
             "train_seconds": round(train_seconds, 3),
             "train_images_per_s": round(seen / train_seconds, 1),
         }
-        save_checkpoint(run, model, loss_fn, optimizer, {"epoch": epoch, "config": asdict(cfg)})
+        state = {"epoch": epoch, "config": asdict(cfg), "grad_scaler": scaler_state(scaler)}
+        save_checkpoint(run, model, loss_fn, optimizer, state)
         append_line(run / METRICS_FILE, row)
         history.append(row)
         plot_curves(history, run / "curves.png")
