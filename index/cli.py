@@ -150,6 +150,22 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_embedder(args: argparse.Namespace):
+    """The benchmark's embedder, once the options that would otherwise fail only after
+    every image is embedded (--ks, --out, --factory) are checked."""
+    if args.ks and min(args.ks) < 1:
+        raise DatasetError(f"--ks must all be >= 1, got {' '.join(map(str, args.ks))}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"--out {out} is a file; the report needs a folder")
+    embedder = _embedder(Path(args.model), args)
+    if args.factory:
+        from .store.vectors import build_index
+
+        build_index(embedder.dim, args.factory)  # StoreError names the problem
+    return embedder
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .benchmark import DEFAULT_KS, SOP_KS, format_table, run_benchmark, write_report
     from .datasets import csv_list, load_dataset
@@ -164,7 +180,7 @@ def _bench(args: argparse.Namespace) -> int:
         name = f"csv:{args.gallery}"
     elif args.queries:
         raise DatasetError("--queries needs --gallery")
-    embedder = _embedder(Path(args.model), args)
+    embedder = _bench_embedder(args)
     if not args.gallery:
         # digits are rendered at the model's input size, as training rendered them
         split = load_dataset(
@@ -210,7 +226,7 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
             f"{len(shared)} distractor file(s) are also photos (e.g. {min(shared)}); "
             "a distractor must be nobody's original"
         )
-    embedder = _embedder(Path(args.model), args)
+    embedder = _bench_embedder(args)
     report = run_copy_detection(
         embedder,
         photos,

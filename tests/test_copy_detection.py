@@ -350,3 +350,31 @@ def test_bad_input_one_line(tmp_path, capsys, photo_dir, extra, needle):
     code, _, err = run(capsys, *(names.get(str(a), a) for a in argv))
     assert code == 2 and needle in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--ks", "1", "0"], "--ks must all be >= 1"),
+        (["--factory", "Nonsense42"], "invalid FAISS factory 'Nonsense42'"),
+        (["--out", "FILE"], "is a file; the report needs a folder"),
+    ],
+)
+@pytest.mark.parametrize("source", ["copy-detection", "dataset"])
+def test_bench_options_checked_before_embedding(
+    tmp_path, capsys, photo_dir, tiny_onnx, monkeypatch, extra, needle, source
+):
+    """Options that could only fail after every image is embedded fail first instead."""
+    from index.embedder import Embedder
+
+    def no_embedding(*args, **kwargs):
+        raise AssertionError("embedded before checking the options")
+
+    monkeypatch.setattr(Embedder, "embed_items", no_embedding)
+    (tmp_path / "file").write_text("x")
+    names = {"FILE": str(tmp_path / "file")}
+    data = ["--copy-detection", str(photo_dir)] if source == "copy-detection" else []
+    argv = ["bench", "--model", tiny_onnx, "--out", tmp_path / "r", *data, *extra]
+    code, _, err = run(capsys, *(names.get(str(a), a) for a in argv))
+    assert code == 2 and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
