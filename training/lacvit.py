@@ -63,7 +63,7 @@ from .checkpoint import (
     scaler_state,
 )
 from .config import FitConfig
-from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
+from .data import ImageDataset, build_transforms, epoch_loader
 from .evaluate import EVAL_KS, embed_items
 from .losses import SupConLoss
 from .model import EmbeddingModel
@@ -75,11 +75,8 @@ from .trainer import (
     TrainingError,
     append_line,
     describe_device,
-    init_weights,
     json_metric,
-    load_split,
-    model_from_config,
-    pick_device,
+    prepare_run,
     seed_everything,
     show_metric,
 )
@@ -283,33 +280,8 @@ def train_probe(
 
 def _prepare(cfg: FitConfig, resume: bool) -> tuple[Path, torch.device, EmbeddingModel, Data]:
     """Run folder, device, seeded model (with --init weights), and the readable split."""
-    run = Path(cfg.out)
-    if not resume and (run / CHECKPOINT_DIR / "state.json").exists():
-        raise TrainingError(
-            f"{run} already holds a run; pass --resume to continue it or choose another --out"
-        )
-    run.mkdir(parents=True, exist_ok=True)
-    device = pick_device(cfg.device)
-    seed_everything(cfg.seed)
-    model = model_from_config(cfg, load_pretrained=not resume)
-    if cfg.init and not resume:
-        init_weights(model, cfg.init)
-    if cfg.freeze_backbone:
-        model.backbone.requires_grad_(False)
-    model = model.to(device)
+    run, device, model, split, train, test = prepare_run(cfg, resume)
     data_config = model.data_config()
-    split = load_split(cfg, image_size=data_config["input_size"][-1])
-    train, bad_train = drop_unreadable(split.train, "training images")
-    test, bad_test = drop_unreadable(split.test, "held-out images")
-    if bad_train + bad_test:
-        atomic_write_text(
-            run / "skipped.txt", "".join(f"{k}\t{why}\n" for k, why in bad_train + bad_test)
-        )
-        print(f"skipped {len(bad_train + bad_test)} unreadable images (see {run / 'skipped.txt'})")
-    if not train:
-        raise TrainingError(f"{split.name}: no readable training images")
-    if not test:
-        raise TrainingError(f"{split.name}: no readable held-out images to evaluate on")
     _, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, None)
     classes = sorted({item.label for item in train})
     amp = _Amp(cfg.amp, device)

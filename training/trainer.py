@@ -141,14 +141,13 @@ def append_line(path: Path, row: dict) -> None:
         os.fsync(fh.fileno())
 
 
-def fit(cfg: FitConfig, resume: bool = False) -> dict:
-    """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics."""
-    cfg = cfg.resolved()
-    cfg.validate()
-    if cfg.method != "metric":  # LaCViT and its cross-entropy baseline: training/lacvit.py
-        from .lacvit import fit_method
-
-        return fit_method(cfg, resume=resume)
+def prepare_run(
+    cfg: FitConfig, resume: bool
+) -> tuple[Path, torch.device, EmbeddingModel, Split, list, list]:
+    """What every `fit` method starts with: the run folder (refused if it holds a run
+    and `resume` is off), the device, the seeded model on it (with `--init` weights and
+    `--freeze-backbone`), the split, and its readable training and held-out items
+    (unreadable ones listed in RUN/skipped.txt)."""
     run = Path(cfg.out)
     if not resume and (run / CHECKPOINT_DIR / "state.json").exists():
         raise TrainingError(
@@ -157,15 +156,13 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
-
     model = model_from_config(cfg, load_pretrained=not resume)
     if cfg.init and not resume:
         init_weights(model, cfg.init)
     if cfg.freeze_backbone:
         model.backbone.requires_grad_(False)
     model = model.to(device)
-    data_config = model.data_config()
-    split = load_split(cfg, image_size=data_config["input_size"][-1])
+    split = load_split(cfg, image_size=model.data_config()["input_size"][-1])
     train_items, bad_train = drop_unreadable(split.train, "training images")
     test_items, bad_test = drop_unreadable(split.test, "held-out images")
     skipped = bad_train + bad_test
@@ -178,6 +175,19 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
         raise TrainingError(f"{split.name}: no readable training images")
     if not test_items:
         raise TrainingError(f"{split.name}: no readable held-out images to evaluate on")
+    return run, device, model, split, train_items, test_items
+
+
+def fit(cfg: FitConfig, resume: bool = False) -> dict:
+    """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics."""
+    cfg = cfg.resolved()
+    cfg.validate()
+    if cfg.method != "metric":  # LaCViT and its cross-entropy baseline: training/lacvit.py
+        from .lacvit import fit_method
+
+        return fit_method(cfg, resume=resume)
+    run, device, model, split, train_items, test_items = prepare_run(cfg, resume)
+    data_config = model.data_config()
     classes = sorted({item.label for item in train_items})
     class_to_index = {name: i for i, name in enumerate(classes)}
 
