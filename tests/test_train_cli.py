@@ -258,3 +258,18 @@ def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
     assert not off.is_enabled()
     restore_scaler(fresh, None)  # a checkpoint from before this record
     assert fresh.get_scale() == 2048.0
+
+
+def test_claim_run_folder(tmp_path):
+    """A run folder holding a run needs --resume; a resumed checkpoint must be its kind."""
+    from training.trainer import TrainingError, claim_run_folder
+
+    claim_run_folder(tmp_path / "new", resume=False)  # nothing there: fine
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "state.json").write_text(json.dumps({"stage": "pretrain"}))
+    with pytest.raises(TrainingError, match="already holds a run; pass --resume"):
+        claim_run_folder(tmp_path, resume=False)
+    claim_run_folder(tmp_path, resume=True)  # fit (no stage) resumes whatever is there
+    claim_run_folder(tmp_path, resume=True, stage="pretrain", kind="pretrain")
+    with pytest.raises(TrainingError, match="is not a lacvit run; cannot resume it"):
+        claim_run_folder(tmp_path, resume=True, stage="contrastive", kind="lacvit")

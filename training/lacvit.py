@@ -55,7 +55,6 @@ from index.metrics import isotropy_score, retrieval_metrics
 
 from .augment import TwoViews, contrastive_view_transform, light_transform
 from .checkpoint import (
-    CHECKPOINT_DIR,
     load_checkpoint,
     restore_scaler,
     save_checkpoint,
@@ -74,6 +73,7 @@ from .trainer import (
     METRICS_FILE,
     TrainingError,
     append_line,
+    claim_run_folder,
     describe_device,
     json_metric,
     prepare_run,
@@ -351,10 +351,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     start_epoch = 0
     state = None
     if resume:
-        saved = run / CHECKPOINT_DIR / "state.json"
-        if saved.is_file() and json.loads(saved.read_text()).get("stage") != stage:
-            # checked first: another method's head would fail to load with a long message
-            raise TrainingError(f"{run}'s checkpoint is not a {cfg.method} run; cannot resume it")
+        claim_run_folder(run, resume, stage, cfg.method)
         state = load_checkpoint(run, model, head, optimizer)
         start_epoch = int(state["epoch"])
         print(f"resuming {run} after {stage} epoch {start_epoch}")

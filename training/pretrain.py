@@ -52,7 +52,6 @@ from .augment import (
     to_model_input,
 )
 from .checkpoint import (
-    CHECKPOINT_DIR,
     load_checkpoint,
     restore_scaler,
     save_checkpoint,
@@ -69,6 +68,7 @@ from .trainer import (
     METRICS_FILE,
     TrainingError,
     append_line,
+    claim_run_folder,
     describe_device,
     pick_device,
     read_metrics,
@@ -199,17 +199,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     cfg = cfg.resolved()
     cfg.validate()
     run = Path(cfg.out)
-    state_file = run / CHECKPOINT_DIR / "state.json"
-    if not resume and state_file.exists():
-        raise TrainingError(
-            f"{run} already holds a run; pass --resume to continue it or choose another --out"
-        )
-    if (
-        resume
-        and state_file.is_file()
-        and json.loads(state_file.read_text()).get("stage") != "pretrain"
-    ):
-        raise TrainingError(f"{run}'s checkpoint is not a pretrain run; cannot resume it")
+    claim_run_folder(run, resume, "pretrain", "pretrain")
     items = list_images(cfg.images)
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)

@@ -141,6 +141,23 @@ def append_line(path: Path, row: dict) -> None:
         os.fsync(fh.fileno())
 
 
+def claim_run_folder(run: Path, resume: bool, stage: str | None = None, kind: str = "") -> None:
+    """Refuse a run folder that holds a run unless resuming it, and (with `stage`) a
+    checkpoint of another kind of run: its heads would not load, with a long message."""
+    state_file = run / CHECKPOINT_DIR / "state.json"
+    if not resume and state_file.exists():
+        raise TrainingError(
+            f"{run} already holds a run; pass --resume to continue it or choose another --out"
+        )
+    saved_stage = (
+        json.loads(state_file.read_text()).get("stage")
+        if resume and stage and state_file.is_file()
+        else stage
+    )
+    if saved_stage != stage:
+        raise TrainingError(f"{run}'s checkpoint is not a {kind} run; cannot resume it")
+
+
 def prepare_run(
     cfg: FitConfig, resume: bool
 ) -> tuple[Path, torch.device, EmbeddingModel, Split, list, list]:
@@ -149,10 +166,7 @@ def prepare_run(
     `--freeze-backbone`), the split, and its readable training and held-out items
     (unreadable ones listed in RUN/skipped.txt)."""
     run = Path(cfg.out)
-    if not resume and (run / CHECKPOINT_DIR / "state.json").exists():
-        raise TrainingError(
-            f"{run} already holds a run; pass --resume to continue it or choose another --out"
-        )
+    claim_run_folder(run, resume)
     run.mkdir(parents=True, exist_ok=True)
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
