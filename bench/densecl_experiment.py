@@ -23,7 +23,7 @@ continues where it stopped. Prints (and writes OUT/table.md, OUT/summary.json) t
 mean and sample standard deviation over seeds of R@1 and mAP.
 
     .venv/bin/python bench/densecl_experiment.py --out runs/densecl --seeds 0 1 2 \\
-        --epochs 100   # docs/experiments.md ran --seeds 0 1
+        --epochs 100
 """
 
 from __future__ import annotations
