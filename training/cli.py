@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from index.datasets import DatasetError
 from index.images import ImageDecodeError
@@ -52,21 +53,7 @@ def _fit(args: argparse.Namespace) -> int:
         return 0
     if args.recipe:
         return _fit_recipe(args, fit)
-    if args.resume:
-        if not args.out:
-            raise ConfigError("--resume needs --out RUN, the run to continue")
-        saved = Path(args.out) / CONFIG_FILE
-        if not saved.is_file():
-            raise ConfigError(f"{args.out} has no {CONFIG_FILE}; nothing to resume")
-        base = load_config_file(saved)
-        overrides = {
-            k: v
-            for k, v in vars(config_from_args(args)).items()
-            if getattr(args, k, None) is not None
-        }
-        cfg = FitConfig(**{**base, **overrides})
-    else:
-        cfg = config_from_args(args)
+    cfg = _resumed_config(args, FitConfig, CONFIG_FILE) if args.resume else config_from_args(args)
     try:
         fit(cfg, resume=args.resume)
     except TrainingError as exc:
@@ -74,21 +61,28 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resumed_config(args: argparse.Namespace, cls: type, filename: str) -> Any:
+    """`--resume`: the run's saved config (RUN/`filename`), with the flags given now on top."""
+    if not args.out:
+        raise ConfigError("--resume needs --out RUN, the run to continue")
+    saved = Path(args.out) / filename
+    if not saved.is_file():
+        raise ConfigError(f"{args.out} has no {filename}; nothing to resume")
+    base = load_config_file(saved, cls)
+    given = vars(config_from_args(args, cls)).items()
+    overrides = {k: v for k, v in given if getattr(args, k, None) is not None}
+    return cls(**{**base, **overrides})
+
+
 def _pretrain(args: argparse.Namespace) -> int:
     from .pretrain import pretrain
     from .pretrain_config import PRETRAIN_FILE, PretrainConfig
     from .trainer import TrainingError
 
-    cfg = config_from_args(args, PretrainConfig)
     if args.resume:
-        if not args.out:
-            raise ConfigError("--resume needs --out RUN, the run to continue")
-        saved = Path(args.out) / PRETRAIN_FILE
-        if not saved.is_file():
-            raise ConfigError(f"{args.out} has no {PRETRAIN_FILE}; nothing to resume")
-        base = load_config_file(saved, PretrainConfig)
-        overrides = {k: v for k, v in vars(cfg).items() if getattr(args, k, None) is not None}
-        cfg = PretrainConfig(**{**base, **overrides})
+        cfg = _resumed_config(args, PretrainConfig, PRETRAIN_FILE)
+    else:
+        cfg = config_from_args(args, PretrainConfig)
     try:
         pretrain(cfg, resume=args.resume)
     except TrainingError as exc:
