@@ -59,12 +59,12 @@ class RandomGaussianBlur:
         return f"RandomGaussianBlur(sigma={self.sigma})"
 
 
-def size_and_interpolation(data_config: dict) -> tuple[int, InterpolationMode]:
+def _size_and_interpolation(data_config: dict) -> tuple[int, InterpolationMode]:
     size = int(data_config["input_size"][-1])
     return size, _INTERPOLATION.get(str(data_config["interpolation"]), InterpolationMode.BICUBIC)
 
 
-def to_model_input(data_config: dict) -> list[v2.Transform]:
+def _to_model_input(data_config: dict) -> list[v2.Transform]:
     return [
         v2.ToImage(),
         v2.ToDtype(torch.float32, scale=True),
@@ -72,35 +72,41 @@ def to_model_input(data_config: dict) -> list[v2.Transform]:
     ]
 
 
-def contrastive_view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Compose:
-    """PIL image -> one strongly augmented view, float32 (3, H, W) normalised (table above)."""
-    size, interpolation = size_and_interpolation(data_config)
+def contrastive_view_transform(
+    data_config: dict, crop_scale: float, hflip: float, rotation: bool = True
+) -> v2.Compose:
+    """PIL image -> one strongly augmented view, float32 (3, H, W) normalised (table above).
+
+    `rotation=False` leaves the rotation step out (SimCLR's and DenseCL++'s views,
+    `vitrieval-train pretrain`)."""
+    size, interpolation = _size_and_interpolation(data_config)
     blur = RandomGaussianBlur((0.1, max(0.5, 2.0 * size / 224)))
+    rotate = v2.RandomApply([v2.RandomRotation(ROTATION_DEGREES, interpolation=interpolation)], 0.5)
     return v2.Compose(
         [
             v2.RandomResizedCrop(
                 size, scale=(crop_scale, 1.0), interpolation=interpolation, antialias=True
             ),
             v2.RandomHorizontalFlip(p=hflip),
-            v2.RandomApply([v2.RandomRotation(ROTATION_DEGREES, interpolation=interpolation)], 0.5),
+            *([rotate] if rotation else []),
             v2.RandomApply([v2.ColorJitter(*COLOR_JITTER)], p=0.8),
             v2.RandomGrayscale(p=0.2),
             v2.RandomApply([blur], p=0.5),
-            *to_model_input(data_config),
+            *_to_model_input(data_config),
         ]
     )
 
 
 def light_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Compose:
     """PIL image -> a lightly augmented view (crop and flip only), float32 (3, H, W)."""
-    size, interpolation = size_and_interpolation(data_config)
+    size, interpolation = _size_and_interpolation(data_config)
     return v2.Compose(
         [
             v2.RandomResizedCrop(
                 size, scale=(crop_scale, 1.0), interpolation=interpolation, antialias=True
             ),
             v2.RandomHorizontalFlip(p=hflip),
-            *to_model_input(data_config),
+            *_to_model_input(data_config),
         ]
     )
 

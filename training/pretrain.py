@@ -44,13 +44,7 @@ from index.atomic import atomic_path, atomic_write_text
 from index.datasets import DatasetError, Item
 from index.sources import walk_images
 
-from .augment import (
-    COLOR_JITTER,
-    RandomGaussianBlur,
-    TwoViews,
-    size_and_interpolation,
-    to_model_input,
-)
+from .augment import TwoViews, contrastive_view_transform
 from .checkpoint import (
     load_checkpoint,
     restore_scaler,
@@ -81,22 +75,9 @@ def view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Com
     """PIL image -> one augmented view, float32 (3, H, W) normalised.
 
     SimCLR's operations as the paper lists them (crop, flip, colour jitter, blur; plus
-    SimCLR's grayscale), at training/augment.py's strengths, without its rotation.
+    SimCLR's grayscale): training/augment.py's views at its strengths, without rotation.
     """
-    size, interpolation = size_and_interpolation(data_config)
-    blur = RandomGaussianBlur((0.1, max(0.5, 2.0 * size / 224)))
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(
-                size, scale=(crop_scale, 1.0), interpolation=interpolation, antialias=True
-            ),
-            v2.RandomHorizontalFlip(p=hflip),
-            v2.RandomApply([v2.ColorJitter(*COLOR_JITTER)], p=0.8),
-            v2.RandomGrayscale(p=0.2),
-            v2.RandomApply([blur], p=0.5),
-            *to_model_input(data_config),
-        ]
-    )
+    return contrastive_view_transform(data_config, crop_scale, hflip, rotation=False)
 
 
 class Objective(nn.Module):
