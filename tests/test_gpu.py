@@ -110,8 +110,11 @@ def test_faiss_without_gpu_logs_the_cpu_fallback(tmp_path: Path, monkeypatch, ca
 @pytest.mark.gpu("torch")
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_cuda_training_steps_with_amp(amp_dtype):
-    """The trainer's step (autocast + GradScaler, enabled for float16 only) on CUDA:
-    finite losses, every trainable tensor finite, the weights moved."""
+    """The training loops' step (training.amp.MixedPrecision: autocast, GradScaler enabled
+    for float16 only, clipping) on CUDA: finite losses, every trainable tensor finite, the
+    weights moved."""
+    from training.amp import MixedPrecision
+
     if amp_dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bfloat16")
     torch.manual_seed(0)
@@ -120,20 +123,16 @@ def test_cuda_training_steps_with_amp(amp_dtype):
     loss_fn = create_loss("norm_softmax", model.embedding_dim, 4).to(device)
     params = [*model.parameters(), *loss_fn.parameters()]
     optimizer = torch.optim.AdamW(params, lr=1e-3)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    amp = MixedPrecision(True, device, amp_dtype)
+    assert amp.scaler.is_enabled() == (amp_dtype == torch.float16)
     before = [p.detach().clone() for p in params]
     images = torch.randn(32, 3, 32, 32, device=device)
     labels = torch.arange(32, device=device) % 4
     losses = []
     for _ in range(8):  # float16: the GradScaler may skip the first steps (overflow)
-        with torch.autocast("cuda", dtype=amp_dtype):
+        with amp.autocast():
             loss = loss_fn(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        scaler.step(optimizer)
-        scaler.update()
+        amp.optimizer_step(loss, optimizer, params, 1.0)
         losses.append(loss.item())
     assert all(np.isfinite(losses)), losses
     assert losses[-1] < losses[0]  # the same batch again and again: the loss must fall

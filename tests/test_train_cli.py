@@ -273,3 +273,31 @@ def test_claim_run_folder(tmp_path):
     claim_run_folder(tmp_path, resume=True, stage="pretrain", kind="pretrain")
     with pytest.raises(TrainingError, match="is not a lacvit run; cannot resume it"):
         claim_run_folder(tmp_path, resume=True, stage="contrastive", kind="lacvit")
+
+
+def test_mixed_precision_on_cpu_is_a_plain_clipped_step():
+    """Off the GPU, MixedPrecision is float32: no autocast, no scaling; its step equals
+    zero_grad + backward + clip_grad_norm_ + step done by hand."""
+    from training.amp import MixedPrecision
+
+    amp = MixedPrecision(True, torch.device("cpu"))
+    assert not amp.on and amp.active_dtype is None and not amp.scaler.is_enabled()
+    assert amp.state() == {}
+    weights = []
+    for by_hand in (False, True):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 3)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.5)
+        for _ in range(3):
+            with amp.autocast():
+                loss = (layer(torch.ones(2, 4)) ** 2).sum() * 10  # large: clipping bites
+            assert loss.dtype == torch.float32
+            if by_hand:
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(layer.parameters(), 0.1)
+                optimizer.step()
+            else:
+                amp.optimizer_step(loss, optimizer, layer.parameters(), 0.1)
+        weights.append(layer.weight.detach().clone())
+    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=0)

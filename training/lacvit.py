@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,13 +52,12 @@ from index.atomic import atomic_write_text
 from index.datasets import Item
 from index.metrics import isotropy_score, retrieval_metrics
 
+from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform, light_transform
 from .checkpoint import (
     load_checkpoint,
-    restore_scaler,
     save_checkpoint,
     save_tensors,
-    scaler_state,
 )
 from .config import FitConfig
 from .data import ImageDataset, build_transforms, epoch_loader
@@ -185,18 +183,6 @@ def top1_accuracy(
     return float((logits.argmax(dim=1) == target).float().mean())
 
 
-class _Amp:
-    """Autocast (bf16, or fp16 with a gradient scaler) on CUDA with --amp; fp32 on CPU."""
-
-    def __init__(self, enabled: bool, device: torch.device):
-        self.on = enabled and device.type == "cuda"
-        self.dtype = torch.bfloat16 if self.on and torch.cuda.is_bf16_supported() else torch.float16
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.on and self.dtype == torch.float16)
-
-    def autocast(self):
-        return torch.autocast("cuda", dtype=self.dtype) if self.on else nullcontext()
-
-
 def train_probe(
     model: EmbeddingModel,
     data: Data,
@@ -230,7 +216,7 @@ def train_probe(
     drop_last = len(dataset) > cfg.batch_size
     steps_per_epoch = max(1, len(dataset) // cfg.batch_size if drop_last else 1)
     total_steps = cfg.probe_epochs * steps_per_epoch
-    amp = _Amp(cfg.amp, device)
+    amp = MixedPrecision(cfg.amp, device)
     row: dict = {}
     for epoch in range(1, cfg.probe_epochs + 1):
         seed_everything(cfg.seed * 100_003 + 50_000 + epoch)
@@ -284,11 +270,11 @@ def _prepare(cfg: FitConfig, resume: bool) -> tuple[Path, torch.device, Embeddin
     data_config = model.data_config()
     _, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, None)
     classes = sorted({item.label for item in train})
-    amp = _Amp(cfg.amp, device)
+    amp = MixedPrecision(cfg.amp, device)
     print(
         f"{cfg.method}: {cfg.backbone}+{cfg.pool} on {split.name} ({len(train)} train / "
         f"{len(test)} held-out images, {len(classes)} classes) on "
-        f"{describe_device(device, amp.dtype if amp.on else None)}"
+        f"{describe_device(device, amp.active_dtype)}"
     )
     return run, device, model, Data(train, test, classes, eval_tf, data_config)
 
@@ -378,8 +364,8 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     steps_per_epoch = len(epoch_loader(dataset, cfg, 1))
     total_steps = cfg.epochs * steps_per_epoch
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
-    amp = _Amp(cfg.amp, device)
-    restore_scaler(amp.scaler, state)
+    amp = MixedPrecision(cfg.amp, device)
+    amp.restore(state)
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         seed_everything(cfg.seed * 100_003 + epoch)  # a resumed run draws the same views
         loader = epoch_loader(dataset, cfg, epoch, pin_memory=device.type == "cuda")
@@ -411,15 +397,9 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
                 loss, n_correct = objective(model(images), labels)
             if not torch.isfinite(loss):
                 raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-            optimizer.zero_grad(set_to_none=True)
-            amp.scaler.scale(loss).backward()
-            if cfg.clip_grad:
-                amp.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(
-                    [*model.parameters(), *head.parameters()], cfg.clip_grad
-                )
-            amp.scaler.step(optimizer)
-            amp.scaler.update()
+            amp.optimizer_step(
+                loss, optimizer, [*model.parameters(), *head.parameters()], cfg.clip_grad
+            )
             loss_sum += loss.item() * len(labels)
             correct += n_correct or 0
             seen += len(labels)
@@ -438,7 +418,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
             "epoch": epoch,
             "stage": stage,
             "config": asdict(cfg),
-            "grad_scaler": scaler_state(amp.scaler),
+            "grad_scaler": amp.state(),
         }
         save_checkpoint(run, model, head, optimizer, state)
         record(row)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,11 @@ from index.atomic import atomic_path, atomic_write_text
 from index.datasets import DatasetError, Item
 from index.sources import walk_images
 
+from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform
 from .checkpoint import (
     load_checkpoint,
-    restore_scaler,
     save_checkpoint,
-    scaler_state,
 )
 from .data import ImageDataset, drop_unreadable
 from .losses import DenseContrastiveLoss, InfoNCELoss
@@ -208,15 +206,13 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     steps_per_epoch = len(dataset) // cfg.batch_size if drop_last else 1
     total_steps = cfg.epochs * steps_per_epoch
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
-    use_amp = cfg.amp and device.type == "cuda"
-    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-    restore_scaler(scaler, saved_state)
+    amp = MixedPrecision(cfg.amp, device)
+    amp.restore(saved_state)
     negatives = f", negatives {cfg.negatives}" if cfg.negatives else ""
     print(
         f"pretraining {cfg.backbone}+{cfg.global_pool} with {cfg.method} (lambda "
         f"{cfg.dense_weight}{negatives}, tau {cfg.temperature}) on {len(items)} images "
-        f"on {describe_device(device, amp_dtype if use_amp else None)}"
+        f"on {describe_device(device, amp.active_dtype)}"
     )
 
     started = time.perf_counter()
@@ -255,19 +251,12 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
                 group["lr"] = lr * group["lr_scale"]
             # rows i and B + i are the two views of image i
             images = torch.cat([first, second]).to(device, non_blocking=True)
-            autocast = torch.autocast("cuda", dtype=amp_dtype) if use_amp else nullcontext()
-            with autocast:
+            with amp.autocast():
                 out = heads(encoder, images)
             loss, parts = objective(out, images, generator)
             if not torch.isfinite(loss):
                 raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.clip_grad:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
-            scaler.step(optimizer)
-            scaler.update()
+            amp.optimizer_step(loss, optimizer, params, cfg.clip_grad)
             batch = len(first)
             for key, value in {"loss": loss.item(), **parts}.items():
                 if value is not None:
@@ -290,7 +279,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
             "stage": "pretrain",
             "method": cfg.method,
             "config": asdict(cfg),
-            "grad_scaler": scaler_state(scaler),
+            "grad_scaler": amp.state(),
         }
         save_checkpoint(run, encoder, heads, optimizer, state)
         append_line(run / METRICS_FILE, row)

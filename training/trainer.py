@@ -14,7 +14,6 @@ import math
 import os
 import random
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,14 +24,13 @@ from tqdm import tqdm
 from index.atomic import atomic_write_text
 from index.datasets import Split, load_dataset
 
+from .amp import MixedPrecision
 from .checkpoint import (
     CHECKPOINT_DIR,
     MODEL_FILE,
     load_checkpoint,
     load_init_weights,
-    restore_scaler,
     save_checkpoint,
-    scaler_state,
 )
 from .config import LOSS_OPTIONS, POOL_OPTIONS, ConfigError, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
@@ -226,14 +224,12 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     total_steps = cfg.epochs * steps_per_epoch
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
 
-    use_amp = cfg.amp and device.type == "cuda"
-    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-    restore_scaler(scaler, state)
+    amp = MixedPrecision(cfg.amp, device)
+    amp.restore(state)
     print(
         f"training {cfg.backbone}+{cfg.pool} on {split.name} ({len(train_items)} train / "
         f"{len(test_items)} held-out images, {len(classes)} classes) on "
-        f"{describe_device(device, amp_dtype if use_amp else None)}"
+        f"{describe_device(device, amp.active_dtype)}"
     )
 
     started = time.perf_counter()
@@ -259,18 +255,11 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
                 group["lr"] = lr * group["lr_scale"]
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
-            autocast = torch.autocast("cuda", dtype=amp_dtype) if use_amp else nullcontext()
-            with autocast:
+            with amp.autocast():
                 loss = loss_fn(model(images), labels)
             if not torch.isfinite(loss):
                 raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.clip_grad:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            scaler.step(optimizer)
-            scaler.update()
+            amp.optimizer_step(loss, optimizer, model.parameters(), cfg.clip_grad)
             loss_sum += loss.item() * len(labels)
             seen += len(labels)
             bar.update(1)
@@ -286,7 +275,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
             "train_seconds": round(train_seconds, 3),
             "train_images_per_s": round(seen / train_seconds, 1),
         }
-        state = {"epoch": epoch, "config": asdict(cfg), "grad_scaler": scaler_state(scaler)}
+        state = {"epoch": epoch, "config": asdict(cfg), "grad_scaler": amp.state()}
         save_checkpoint(run, model, loss_fn, optimizer, state)
         append_line(run / METRICS_FILE, row)
         history.append(row)
