@@ -55,7 +55,6 @@ from index.metrics import isotropy_score, retrieval_metrics
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform, light_transform
 from .checkpoint import (
-    load_checkpoint,
     save_checkpoint,
     save_tensors,
 )
@@ -77,6 +76,7 @@ from .trainer import (
     prepare_run,
     seed_everything,
     show_metric,
+    start_or_resume,
 )
 
 CLASSIFIER_FILE = "classifier.safetensors"
@@ -295,18 +295,6 @@ def _optimizer(model: EmbeddingModel, head: nn.Module, cfg: FitConfig) -> torch.
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
 
 
-def _read_history(path: Path, stage: str, upto_epoch: int) -> list[dict]:
-    """metrics.jsonl rows to keep on resume: the initial row and stage 1 up to the checkpoint."""
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [
-        r
-        for r in rows
-        if r.get("stage") == "initial" or (r.get("stage") == stage and r["epoch"] <= upto_epoch)
-    ]
-
-
 def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     """`fit --method lacvit | ce` into `cfg.out` (a resolved, validated config).
 
@@ -334,15 +322,18 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     head = head.to(device)
     optimizer = _optimizer(model, head, cfg)
 
-    start_epoch = 0
-    state = None
     if resume:
         claim_run_folder(run, resume, stage, cfg.method)
-        state = load_checkpoint(run, model, head, optimizer)
-        start_epoch = int(state["epoch"])
-        print(f"resuming {run} after {stage} epoch {start_epoch}")
-    history = _read_history(run / METRICS_FILE, stage, start_epoch)
-    atomic_write_text(run / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
+
+    def keep(row: dict, epoch: int) -> bool:
+        # the encoder's initial scores, and stage 1 up to the checkpoint (never the probe)
+        return row.get("stage") == "initial" or (
+            row.get("stage") == stage and row["epoch"] <= epoch
+        )
+
+    state, start_epoch, history = start_or_resume(
+        run, model, head, optimizer, resume, keep, f"{stage} epoch"
+    )
     cfg.save(run / CONFIG_FILE)
 
     def record(row: dict) -> None:

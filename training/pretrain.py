@@ -26,7 +26,6 @@ the embedding model only; the heads live in the checkpoint's `loss` part.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -46,7 +45,6 @@ from index.sources import walk_images
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform
 from .checkpoint import (
-    load_checkpoint,
     save_checkpoint,
 )
 from .data import ImageDataset, drop_unreadable
@@ -63,9 +61,9 @@ from .trainer import (
     claim_run_folder,
     describe_device,
     pick_device,
-    read_metrics,
     seed_everything,
     show_metric,
+    start_or_resume,
 )
 
 
@@ -189,14 +187,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     objective = Objective(cfg)
     optimizer = _optimizer(encoder, heads, cfg)
 
-    start_epoch = 0
-    saved_state = None
-    if resume:
-        saved_state = load_checkpoint(run, encoder, heads, optimizer)
-        start_epoch = int(saved_state["epoch"])
-        print(f"resuming {run} after epoch {start_epoch}")
-    history = read_metrics(run / METRICS_FILE, start_epoch)
-    atomic_write_text(run / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
+    saved_state, start_epoch, history = start_or_resume(run, encoder, heads, optimizer, resume)
     cfg.save(run / PRETRAIN_FILE)
     cfg.embedding_config().save(run / CONFIG_FILE)
 

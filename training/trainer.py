@@ -14,6 +14,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -125,11 +126,37 @@ def load_split(cfg: FitConfig, image_size: int) -> Split:
     return split
 
 
-def read_metrics(path: Path, upto_epoch: int) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [row for row in rows if row["epoch"] <= upto_epoch]
+def start_or_resume(
+    run: Path,
+    model: torch.nn.Module,
+    head: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    resume: bool,
+    keep: Callable[[dict, int], bool] | None = None,
+    label: str = "epoch",
+) -> tuple[dict | None, int, list[dict]]:
+    """(checkpoint state or None, epochs done, metrics history) for a run about to train.
+
+    With `resume`, loads the checkpoint into model, head (loss or heads) and optimizer.
+    RUN/metrics.jsonl is then cut back to the rows `keep(row, epochs_done)` accepts
+    (default: epochs up to the checkpoint; rows of an epoch that died after logging are
+    dropped) and rewritten, so the run appends to a consistent history.
+    """
+    state, done = None, 0
+    if resume:
+        state = load_checkpoint(run, model, head, optimizer)
+        done = int(state["epoch"])
+        print(f"resuming {run} after {label} {done}")
+    path = run / METRICS_FILE
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.is_file()
+        else []
+    )
+    keep = keep or (lambda row, epoch: row["epoch"] <= epoch)
+    history = [row for row in rows if keep(row, done)]
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in history))
+    return state, done, history
 
 
 def append_line(path: Path, row: dict) -> None:
@@ -208,14 +235,7 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
     groups = param_groups(model, loss_fn, cfg.weight_decay, cfg.layer_decay, cfg.proxy_lr_scale)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
 
-    start_epoch = 0
-    state = None
-    if resume:
-        state = load_checkpoint(run, model, loss_fn, optimizer)
-        start_epoch = int(state["epoch"])
-        print(f"resuming {run} after epoch {start_epoch}")
-    history = read_metrics(run / METRICS_FILE, start_epoch)
-    atomic_write_text(run / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in history))
+    state, start_epoch, history = start_or_resume(run, model, loss_fn, optimizer, resume)
     cfg.save(run / CONFIG_FILE)
 
     train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, cfg.auto_augment)
