@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from index_cli_helpers import run  # tests/index_cli_helpers.py
 from PIL import Image
 from skimage import data as skdata
 
-from index.cli import main
 from index.copy_detection import (
     CROP_AREA,
     JPEG_QUALITY,
@@ -264,12 +264,6 @@ def test_target_metrics_empty_is_nan():
 
 
 # --- the benchmark ---------------------------------------------------------------
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_cli_end_to_end(tmp_path, capsys, photo_dir, tiny_onnx):

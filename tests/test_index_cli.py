@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.cli import main
 from index.datasets import load_dataset
 
 
@@ -25,12 +25,6 @@ def photo_folder(tmp_path_factory) -> Path:
     (root / "class_0" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     (root / "class_1" / "notes.jpg").write_text("this is not an image")
     return root
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_build_search_info_remove(tmp_path, capsys, photo_folder, tiny_onnx):
