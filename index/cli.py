@@ -94,17 +94,40 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
+    """Remove the keys that are present; name the missing ones and exit 2 if any."""
     from .store import IndexStore
 
     keys = list(args.keys)
     if args.keys_from:
         lines = Path(args.keys_from).read_text().splitlines()
         keys += [line.strip() for line in lines if line.strip()]
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        raise ValueError("no keys given: name them (KEY...) or list them in --keys-from FILE")
     store = IndexStore.open(args.index)
-    removed = store.remove(keys)
-    store.save()
-    print(f"removed {removed} of {len(keys)} keys; {args.index} holds {len(store)} items")
+    present = [key for key in keys if key in store]
+    missing = [key for key in keys if key not in store]
+    if present:
+        store.remove(present)
+        store.save()
+    names = f": {_some(present)}" if present else ""
+    print(
+        f"removed {len(present)} of {len(keys)} keys{names}; {args.index} holds {len(store)} items"
+    )
+    if missing:
+        print(
+            f"vitrieval-index remove: error: {len(missing)} of {len(keys)} keys not in "
+            f"{args.index}: {_some(missing)}",
+            file=sys.stderr,
+        )
+        return 2
     return 0
+
+
+def _some(keys: Sequence[str], shown: int = 10) -> str:
+    """Up to `shown` keys, comma-separated, and how many more there are."""
+    listed = ", ".join(keys[:shown])
+    return f"{listed} and {len(keys) - shown} more" if len(keys) > shown else listed
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -113,11 +136,27 @@ def _info(args: argparse.Namespace) -> int:
     info = IndexStore.open(args.index).info()
     if args.json:
         print(json.dumps(info, indent=2, default=str))
-    else:
-        width = max(len(k) for k in info)
-        for key, value in info.items():
-            print(f"{key.ljust(width)}  {value}")
+        return 0
+    files = info.pop("files")
+    info["bytes_on_disk"] = f"{info['bytes_on_disk']:,}"
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        print(f"{key.ljust(width)}  {_info_value(value)}")
+    print(f"{'files'.ljust(width)}  {len(files)} (size, sha256)")
+    name_width = max((len(name) for name in files), default=0)
+    size_width = max((len(f"{entry['bytes']:,}") for entry in files.values()), default=0)
+    for name, entry in files.items():
+        size = f"{entry['bytes']:,}".rjust(size_width)
+        print(f"  {name.ljust(name_width)}  {size} bytes  {entry['sha256']}")
     return 0
+
+
+def _info_value(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return str(value)
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -145,8 +184,9 @@ def _search(args: argparse.Namespace) -> int:
         return 0
     for path, hits in zip(args.images, results, strict=True):
         print(f"{path}")
+        print(f"  {'rank':>4}  {'score':>7}  {'label':<16}  key")
         for rank, hit in enumerate(hits, 1):
-            print(f"  {rank:>3}  {hit.score:.4f}  {hit.label or '-':<16}  {hit.key}")
+            print(f"  {rank:>4}  {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
     return 0
 
 

@@ -63,6 +63,46 @@ def test_build_search_info_remove(tmp_path, capsys, photo_folder, tiny_onnx):
     assert victim not in [h["key"] for h in json.loads(out)[0]["hits"]]
 
 
+def test_text_output_of_search_info_and_remove(tmp_path, capsys, photo_folder, tiny_onnx):
+    index = tmp_path / "index"
+    build = ("build", "--model", tiny_onnx, "--images", photo_folder, "--out", index)
+    assert run(capsys, *build, "--labels-from-folders")[0] == 0
+    query = (
+        photo_folder / "class_2" / sorted(p.name for p in (photo_folder / "class_2").iterdir())[0]
+    )
+    key = query.relative_to(photo_folder).as_posix()
+
+    # search: the query, a column header, then one line per hit
+    code, out, _ = run(capsys, "search", index, query, "-k", "2")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == str(query)
+    assert lines[1].split() == ["rank", "score", "label", "key"]
+    assert lines[2].split() == ["1", "1.0000", "class_2", key]
+    assert len(lines) == 4
+
+    # info: one line per file with its size, not a Python dict
+    code, out, _ = run(capsys, "info", index)
+    assert code == 0 and "{" not in out
+    files = json.loads(run(capsys, "info", index, "--json")[1])["files"]
+    for name, entry in files.items():
+        assert f"  {name}  " in out
+        line = next(line for line in out.splitlines() if line.strip().startswith(name))
+        assert f"{entry['bytes']:,} bytes" in line and entry["sha256"] in line
+
+    # remove: the keys that exist go, the missing ones are named, exit status 2
+    other = sorted(p for p in photo_folder.glob("class_3/*.png"))[0]
+    other_key = other.relative_to(photo_folder).as_posix()
+    code, out, err = run(capsys, "remove", index, key, "no/such.png", other_key, "nope")
+    assert code == 2
+    assert out == f"removed 2 of 4 keys: {key}, {other_key}; {index} holds 36 items\n"
+    assert err == f"vitrieval-index remove: error: 2 of 4 keys not in {index}: no/such.png, nope\n"
+    assert json.loads(run(capsys, "info", index, "--json")[1])["count"] == 36
+    code, out, err = run(capsys, "remove", index, key)
+    assert code == 2 and "removed 0 of 1 keys;" in out and err.endswith(f": {key}\n")
+    code, _, err = run(capsys, "remove", index)
+    assert code == 2 and "no keys given" in err and err.count("\n") == 1
+
+
 def test_csv_build_and_model_override(tmp_path, capsys, photo_folder, tiny_onnx, tiny_onnx_other):
     listing = tmp_path / "list.csv"
     with open(listing, "w", newline="") as fh:
