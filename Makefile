@@ -8,11 +8,12 @@ PYTEST_ARGS ?=
 
 .PHONY: install test lint format demo bench bench-search compose-config clean
 
-# The stamp is rebuilt whenever pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
+# The tested versions of constraints.txt, within the ranges of pyproject.toml; the stamp
+# is rebuilt whenever either changes.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[train,serve,dev]'
+	$(BIN)/python -m pip install -c constraints.txt -e '.[train,serve,dev]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -7,9 +7,11 @@ differ only by the paper's factorisation (eq. 10 against eq. 13):
 - parameters of the pooling head, and of its factorised part (C-CBP: U, V, 2NdD;
   JCF: U~, V~, A, B, 2(RdD + NR));
 - forward FLOPs per image of the head and of the whole model, analytic
-  (`training/flops.py`) and counted by `torch.utils.flop_counter.FlopCounterMode`, with
-  their ratio (1.000 when the formula counts what the profiler counts); and the profiler's
-  count for a training pass (forward + backward) per image;
+  (`training/flops.py`) and counted ("profiler") by `training.flops.counted_flops` (the
+  matrix products torch dispatches, FlopCounterMode's convention, attention on its math
+  backend so that every torch version counts it alike), with their ratio (1.000 when the
+  formula counts what runs); and the counted FLOPs of a training pass (forward + backward)
+  per image;
 - time: a full training step of the whole model (forward, Norm-softmax over 10 classes,
   zero_grad, backward, clip_grad_norm_(1.0), AdamW over `training.optim.param_groups`) on
   one batch of random images shared by every pooling; the head alone (forward + backward
@@ -44,10 +46,9 @@ from typing import Any
 import torch
 from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode
 
 from training.backbones import PRESETS
-from training.flops import model_flops, pooling_flops
+from training.flops import counted_flops, model_flops, pooling_flops
 from training.losses import create_loss
 from training.model import build_model
 from training.optim import param_groups
@@ -57,13 +58,6 @@ from training.pooling.ccbp import CodebookPooling
 NUM_CLASSES = 10
 SEED = 0
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-
-
-def counted_flops(fn: Callable[[], Any]) -> int:
-    """FLOPs that FlopCounterMode counts while fn runs."""
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
 
 
 def timed(fn: Callable[[], Any], iterations: int, warmup: int) -> float:
@@ -262,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     mflop = 1e-6
     print_table(
-        "Cost per image (FLOPs: forward; 'profiler' = FlopCounterMode; a/p = analytic/profiler)",
+        "Cost per image (FLOPs: forward; 'profiler' = counted_flops; a/p = analytic/profiler)",
         [
             *("pool", "head params", "fact. params", "head MFLOP", "profiler", "a/p"),
             *("fact. MFLOP", "model MFLOP", "profiler", "a/p", "vs avg", "train MFLOP", "vs avg"),

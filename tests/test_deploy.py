@@ -164,7 +164,7 @@ def test_serve_requirement_lists(runtime):
     else:
         swapped = (BASE - {"onnxruntime", "faiss-cpu"}) | {"onnxruntime-gpu", "faiss-gpu"}
         assert got == swapped | SERVE
-        assert "onnxruntime-gpu>=1.18" in lines  # the version bounds are kept
+        assert "onnxruntime-gpu>=1.18,<2" in lines  # the version bounds are kept
         custom = reqs.requirements(PROJECT, ["serve"], "gpu", faiss_gpu="faiss-gpu-cu12")
         assert "faiss-gpu-cu12" in names(custom) and "faiss-gpu" not in names(custom)
     # the script's output is the same list

@@ -10,12 +10,13 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from training.cli import build_parser, main
 from training.config import FitConfig, config_from_args
 from training.export import export_model, model_metadata
-from training.flops import model_flops, pooling_flops
+from training.flops import counted_flops, model_flops, pooling_flops
 from training.model import build_model
 from training.pooling import CCBP, JCF, create_pooling, pooling_names
 from training.trainer import model_from_config
@@ -222,15 +223,16 @@ def test_onnx_export_parity_with_options(tmp_path, pool):
         np.testing.assert_allclose(out, model(torch.from_numpy(x)).numpy(), atol=1e-4)
 
 
-def counted(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
+def profiler_counted(fn) -> int:
+    """FlopCounterMode's count, attention on the math backend (plain batched matmuls)."""
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
 
 
 @pytest.mark.parametrize("cls", [CCBP, JCF])
 def test_analytic_flops_match_the_flop_counter(cls):
-    # 2 FLOPs per multiply-add of every matrix product, as FlopCounterMode counts them.
+    # 2 FLOPs per multiply-add of every matrix product, counted as torch dispatches them.
     torch.manual_seed(8)
     module = cls(**SMALL, **({"rank": 3} if cls is JCF else {}))
     batch, prefix, tokens = 3, 2, 7
@@ -244,10 +246,10 @@ def test_analytic_flops_match_the_flop_counter(cls):
         by_hand += 2 * t * n * d + 4 * t * n * d * dim
     assert formula["total"] == by_hand == 2 * 7 * 12 * 8 + 2 * 7 * 8 * 5 + formula["factorised"]
     with torch.no_grad():
-        forward = counted(lambda: module(patches, num_prefix_tokens=prefix))
+        forward = counted_flops(lambda: module(patches, num_prefix_tokens=prefix))
     assert forward == batch * formula["total"]
     # Training: every product also gives both input gradients, 3x the forward in all.
-    assert counted(lambda: module(patches, prefix).sum().backward()) == 3 * forward
+    assert counted_flops(lambda: module(patches, prefix).sum().backward()) == 3 * forward
 
 
 def test_analytic_model_flops_match_the_flop_counter():
@@ -257,12 +259,46 @@ def test_analytic_model_flops_match_the_flop_counter():
     for pool, dim in (("jcf", None), ("jcf", 20), ("avg", None)):
         model = build_model("tiny", pool, dim=dim, pool_options=options if pool == "jcf" else {})
         with torch.no_grad():
-            assert counted(lambda m=model: m(images)) == 2 * model_flops(model)["total"]
+            assert counted_flops(lambda m=model: m(images)) == 2 * model_flops(model)["total"]
         totals[pool, dim] = model_flops(model)
     # tiny: 64 patches of 4x4x3, 65 tokens of width 128, 4 blocks with MLP width 256.
     per_block = 2 * 65 * 128 * 384 + 4 * 65 * 65 * 128 + 2 * 65 * 128 * 128 + 4 * 65 * 128 * 256
     assert totals["avg", None]["backbone"] == 2 * 64 * 48 * 128 + 4 * per_block
     assert totals["avg", None]["pool"] == 0 and totals["jcf", 20]["proj"] == 2 * 24 * 20
+
+
+def test_the_counter_counts_what_flop_counter_mode_counts():
+    # Both count the same dispatched products once attention is plain batched matmuls:
+    # convolution, addmm, bmm, mm, forward and backward (grad of the patch-embedding weight).
+    options = {"d": 16, "out_dim": 24, "codebook": 4, "rank": 2}
+    model = build_model("tiny", "jcf", dim=20, pool_options=options)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        forward = counted_flops(lambda: model(images))
+        assert forward == profiler_counted(lambda: model(images))
+    train = counted_flops(lambda: model(images).sum().backward())
+    assert train == profiler_counted(lambda: model(images).sum().backward())
+    # backward: grad of the input and of the weight of every product but the patch
+    # embedding's, whose input (the images) needs none
+    patch_embed = 2 * 2 * 64 * 48 * 128
+    assert train == 3 * forward - patch_embed
+
+
+def test_the_counter_refuses_products_it_cannot_count():
+    # A fused kernel left out of the count would make the analytic formulas look wrong
+    # (or, worse, right): the counter stops instead.
+    a, v = torch.randn(3, 4), torch.randn(4)
+    with pytest.raises(NotImplementedError, match="mv"):
+        counted_flops(lambda: torch.mv(a, v))
+    with pytest.raises(NotImplementedError, match="_addmm_activation"):
+        counted_flops(
+            lambda: torch.ops.aten._addmm_activation(torch.randn(5), a, torch.randn(4, 5))
+        )
+    assert counted_flops(lambda: a @ a.t()) == 2 * 3 * 4 * 3
+    # scaled_dot_product_attention: QK^T and AV, whichever kernel the default would pick
+    q, k, val = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert counted_flops(lambda: sdpa(q, k, val)) == 2 * 2 * 3 * 5 * 7 * (8 + 4)
 
 
 def test_jcf_factorised_flops_are_r_over_n_of_ccbp():

@@ -1,13 +1,21 @@
-"""Analytic FLOPs per image of an EmbeddingModel, counted the way torch's profiler counts.
+"""Analytic FLOPs per image of an EmbeddingModel, and a counter of the FLOPs a call runs.
 
-Convention (that of `torch.utils.flop_counter.FlopCounterMode`, so the two can be
-compared number for number): 2 FLOPs per multiply-add of a matrix product (linear
-layers, matmuls, the patch-embedding convolution, the two products of attention, and
-the second-order heads' Kronecker products, computed as batched outer products); bias
-additions and element-wise work (normalisation, softmax, GELU, the Hadamard product of
-the two factors, token averaging) are not counted.
+Convention (that of `torch.utils.flop_counter.FlopCounterMode`): 2 FLOPs per
+multiply-add of a matrix product (linear layers, matmuls, the patch-embedding
+convolution, the two products of attention, and the second-order heads' Kronecker
+products, computed as batched outer products); bias additions and element-wise work
+(normalisation, softmax, GELU, the Hadamard product of the two factors, token averaging)
+are not counted.
 Forward pass only; a training step's backward pass costs two more of each product whose
 input needs a gradient (about 3x the forward in all).
+
+`counted_flops` checks the formulas against what torch actually runs. It counts the
+matrix products as they are dispatched, by their operand shapes, with attention computed
+by its math backend (two batched products, QK^T and AV). FlopCounterMode on its own is
+not a stable reference across torch versions: which fused attention kernel the default
+backend picks, and whether the counter has a formula for it, change between releases
+(torch 2.14 has none for `_scaled_dot_product_flash_attention_for_cpu` and leaves the
+attention products out; 2.15 counts them).
 
 For an image of T patch tokens of width C (P prefix tokens besides), a head of
 reduction width d, codebook size N, output width D and (JCF) R shared projectors:
@@ -30,7 +38,14 @@ this convention.
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .pooling import CCBP, JCF
 from .pooling.ccbp import CodebookPooling
@@ -100,3 +115,56 @@ def model_flops(model: nn.Module) -> dict[str, int]:
     parts = {"backbone": vit_flops(backbone), "pool": pool, "proj": proj}
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _product_flops(func: Any, args: tuple, out: Any) -> int | None:
+    """FLOPs of one dispatched matrix product, None for an op that is not one we count."""
+    name = func.overloadpacket.__name__
+    if name in ("mm", "addmm", "bmm", "baddbmm"):
+        a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
+        # (..., m, k) @ (..., k, n): 2 m k n per matrix of the batch
+        return 2 * math.prod(a.shape) * b.shape[-1]
+    if name in ("convolution", "_convolution"):
+        x, w, transposed = args[0], args[1], args[6]
+        # every output (input, if transposed) element: C_in / groups x kernel multiply-adds
+        return 2 * math.prod((x if transposed else out).shape) * math.prod(w.shape[1:])
+    if name == "convolution_backward":
+        grad_out, x, w, transposed, mask = args[0], args[1], args[2], args[7], args[10]
+        forward = 2 * math.prod((x if transposed else grad_out).shape) * math.prod(w.shape[1:])
+        return forward * (int(mask[0]) + int(mask[1]))  # grad_input, grad_weight
+    return None
+
+
+# Ops that multiply matrices (or fuse attention) but that _product_flops does not count:
+# met, they stop the count rather than leave their FLOPs out.
+_UNCOUNTED_PRODUCT = re.compile(r"attention|matmul|mm(_|$)|conv(?!ert)|linear$|dot$|^(add)?mv$")
+
+
+class _ProductCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flops = _product_flops(func, args, out)
+        if flops is not None:
+            self.total += flops
+        elif _UNCOUNTED_PRODUCT.search(func.overloadpacket.__name__):
+            raise NotImplementedError(f"counted_flops: no FLOP count for {func}")
+        return out
+
+
+def counted_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs of the matrix products that run while `fn()` runs, by the convention above.
+
+    Matrix products (mm, addmm, bmm, baddbmm) and convolutions, forward and backward, are
+    counted from their operand shapes as torch dispatches them; attention runs on the
+    math backend, so its two products are batched matmuls too. A product op outside
+    that list (a fused attention kernel, `_addmm_activation`, mv ...) raises
+    NotImplementedError instead of being left out of the count.
+    """
+    counter = _ProductCounter()
+    with sdpa_kernel([SDPBackend.MATH]), counter:
+        fn()
+    return counter.total
