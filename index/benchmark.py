@@ -36,10 +36,16 @@ SOP_KS = (1, 10, 100, 1000)
 FIDELITY_K = 10
 
 
-def _embed(embedder: Embedder, items: Sequence[Item]) -> tuple[np.ndarray, list, int, float]:
+def _embed(
+    embedder: Embedder, items: Sequence[Item], what: str
+) -> tuple[np.ndarray, list, int, float]:
+    """(embeddings, labels, unreadable count, images/s); an error if none is readable."""
     started = time.perf_counter()
     result = embedder.embed_items(items, progress=True)
     seconds = time.perf_counter() - started
+    if not result.indices:
+        first = f" (first: {result.errors[0][1]})" if result.errors else ""
+        raise DatasetError(f"none of the {len(items)} {what} images could be read{first}")
     labels = [items[i].label for i in result.indices]
     return result.embeddings, labels, len(result.errors), len(items) / max(seconds, 1e-9)
 
@@ -106,14 +112,16 @@ def run_benchmark(
     name: str = "",
 ) -> dict:
     """Everything `report.json` holds; see the module docstring for the protocol."""
-    gallery_vectors, gallery_labels, gallery_failed, embed_rate = _embed(embedder, gallery)
+    gallery_vectors, gallery_labels, gallery_failed, embed_rate = _embed(
+        embedder, gallery, "gallery"
+    )
     report: dict = {"dataset": name, "model_fingerprint": embedder.fingerprint, "dim": embedder.dim}
     if queries is None:
         scores = retrieval_metrics(gallery_vectors, gallery_labels, ks=ks)
         query_vectors, failed = gallery_vectors, gallery_failed
         protocol = "leave-one-out"
     else:
-        query_vectors, query_labels, query_failed, _ = _embed(embedder, queries)
+        query_vectors, query_labels, query_failed, _ = _embed(embedder, queries, "query")
         scores = retrieval_metrics(
             query_vectors,
             query_labels,
@@ -123,6 +131,12 @@ def run_benchmark(
         )
         failed = gallery_failed + query_failed
         protocol = "queries-vs-gallery"
+    if scores["n_queries"] == 0:
+        other = "another gallery image" if queries is None else "a gallery image"
+        raise DatasetError(
+            f"no query has {other} of its label ({scores['n_dropped']} queries, "
+            f"{len(set(gallery_labels))} labels): there is nothing to measure"
+        )
     report.update(
         protocol=protocol,
         n_gallery=len(gallery_vectors),

@@ -208,18 +208,25 @@ def _bench_embedder(args: argparse.Namespace):
 
 def _bench(args: argparse.Namespace) -> int:
     from .benchmark import DEFAULT_KS, SOP_KS, format_table, run_benchmark, write_report
-    from .datasets import csv_list, load_dataset
+    from .datasets import load_dataset
 
     if args.copy_detection is not None:
         return _bench_copy_detection(args)
     if args.queries_per_image is not None or args.distractors:
         raise DatasetError("--queries-per-image and --distractors apply to --copy-detection only")
     if args.gallery:
-        gallery = csv_list(args.gallery)
-        queries = csv_list(args.queries) if args.queries else None
-        name = f"csv:{args.gallery}"
+        sources = [path for path in (args.gallery, args.queries) if path]
+        if args.labels_from_folders and all(_is_csv(path) for path in sources):
+            raise DatasetError("--labels-from-folders applies to folders; a CSV carries its labels")
+        gallery = _labelled_sources(args.gallery, args.labels_from_folders, "--gallery")
+        queries = None
+        if args.queries:
+            queries = _labelled_sources(args.queries, args.labels_from_folders, "--queries")
+        name = f"{'csv' if _is_csv(args.gallery) else 'folder'}:{args.gallery}"
     elif args.queries:
         raise DatasetError("--queries needs --gallery")
+    elif args.labels_from_folders:
+        raise DatasetError("--labels-from-folders applies to --gallery and --queries folders")
     embedder = _bench_embedder(args)
     if not args.gallery:
         # digits are rendered at the model's input size, as training rendered them
@@ -235,6 +242,28 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_csv(path: str) -> bool:
+    return Path(path).suffix.lower() == ".csv"
+
+
+def _labelled_sources(path: str, labels_from_folders: bool, flag: str) -> list:
+    """A folder or CSV read as `build --images` reads it; every image needs a label.
+    `labels_from_folders` applies to a folder (a CSV carries its labels)."""
+    from .sources import read_sources
+
+    items = read_sources(path, labels_from_folders and not _is_csv(path), flag)
+    if not items:
+        raise DatasetError(f"{flag} {path} holds no images")
+    unlabelled = [item.key for item in items if item.label is None]
+    if unlabelled:
+        how = "with a folder per class" if labels_from_folders else "add --labels-from-folders"
+        raise DatasetError(
+            f"{flag} {path}: {len(unlabelled)} of {len(items)} images have no label "
+            f"(e.g. {unlabelled[0]}); the benchmark needs one per image ({how})"
+        )
+    return items
+
+
 def _bench_copy_detection(args: argparse.Namespace) -> int:
     from .benchmark import DEFAULT_KS, format_table, run_copy_detection, write_report
     from .copy_detection import DEFAULT_PER_IMAGE, read_photos
@@ -244,6 +273,7 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
         "--queries": args.queries,
         "--dataset": args.dataset,
         "--data-root": args.data_root,
+        "--labels-from-folders": args.labels_from_folders or None,
     }
     clash = [flag for flag, value in others.items() if value is not None]
     if clash:
@@ -375,8 +405,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="digits (the default when no other source is given)|cub|cars|sop|folder|csv",
     )
     bench.add_argument("--data-root", help="dataset folder or CSV (all but digits)")
-    bench.add_argument("--gallery", help="gallery CSV (path,label[,key])")
-    bench.add_argument("--queries", help="query CSV; without it, leave-one-out over the gallery")
+    bench.add_argument(
+        "--gallery", help="gallery folder or CSV (path,label[,key]), read as build reads --images"
+    )
+    bench.add_argument(
+        "--queries", help="query folder or CSV; without it, leave-one-out over the gallery"
+    )
+    bench.add_argument(
+        "--labels-from-folders",
+        action="store_true",
+        help="--gallery/--queries folders: label = top folder name",
+    )
     bench.add_argument(
         "--copy-detection",
         metavar="DIR",

@@ -32,15 +32,21 @@ def walk_images(root: Path, labels_from_folders: bool = False) -> list[Item]:
     return items
 
 
-def read_sources(images: str | Path, labels_from_folders: bool = False) -> list[Item]:
-    """`images` is a folder or a `.csv` list; returns its items in a stable order."""
+def read_sources(
+    images: str | Path, labels_from_folders: bool = False, flag: str = "--images"
+) -> list[Item]:
+    """`images` is a folder or a `.csv` list; returns its items in a stable order.
+
+    What `build`, `add` and `bench` (`--gallery`, `--queries`) read; `flag` names the
+    option in error messages.
+    """
     images = Path(images)
     if images.suffix.lower() == ".csv":
         if labels_from_folders:
             raise DatasetError("--labels-from-folders applies to folders; a CSV carries its labels")
         return csv_list(images)
     if not images.exists():
-        raise DatasetError(f"--images path not found: {images}")
+        raise DatasetError(f"{flag} path not found: {images}")
     return walk_images(images, labels_from_folders)
 
 

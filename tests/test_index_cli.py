@@ -166,6 +166,79 @@ def test_bench_with_csv_gallery(tmp_path, capsys, photo_folder, tiny_onnx):
     assert (out / "report.md").read_text().startswith("| metric | value |")
 
 
+def test_bench_reads_a_folder_as_build_does(tmp_path, capsys, photo_folder, tiny_onnx):
+    """--gallery DIR --labels-from-folders gives the numbers of a CSV of the same files."""
+    listing = tmp_path / "gallery.csv"
+    with open(listing, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "label"])
+        for path in sorted(photo_folder.glob("class_*/*")):
+            writer.writerow([path, path.parent.name])
+    bench = ("bench", "--model", tiny_onnx)
+    code, out, err = run(
+        capsys, *bench, "--gallery", photo_folder, "--labels-from-folders", "--out", tmp_path / "a"
+    )
+    assert code == 0, err
+    assert f"folder:{photo_folder}" in out
+    assert run(capsys, *bench, "--gallery", listing, "--out", tmp_path / "b")[0] == 0
+    by_folder = json.loads((tmp_path / "a" / "report.json").read_text())
+    by_csv = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert by_folder["n_gallery"] == 38 and by_folder["unreadable_images"] == 2
+    for key in ("n_gallery", "unreadable_images", "recall@1", "recall@8", "map", "n_queries"):
+        assert by_folder[key] == by_csv[key], key
+    # a folder as queries against a CSV gallery: every query finds itself
+    code, _, err = run(
+        capsys,
+        *bench,
+        "--gallery",
+        listing,
+        "--queries",
+        photo_folder,
+        "--labels-from-folders",
+        "--out",
+        tmp_path / "c",
+    )
+    assert code == 0, err
+    crossed = json.loads((tmp_path / "c" / "report.json").read_text())
+    assert crossed["protocol"] == "queries-vs-gallery" and crossed["recall@1"] == 1.0
+
+    # without labels there is nothing to measure: one line, exit status 2
+    code, _, err = run(capsys, *bench, "--gallery", photo_folder, "--out", tmp_path / "d")
+    assert code == 2 and "40 of 40 images have no label" in err and err.count("\n") == 1
+    assert "--labels-from-folders" in err
+    code, _, err = run(capsys, *bench, "--gallery", tmp_path / "nope", "--out", tmp_path / "d")
+    assert code == 2 and err.endswith(f"--gallery path not found: {tmp_path / 'nope'}\n")
+
+
+def test_bench_without_anything_to_measure_fails(tmp_path, capsys, photo_folder, tiny_onnx):
+    broken = tmp_path / "broken"
+    (broken / "x").mkdir(parents=True)
+    (broken / "x" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    (broken / "x" / "b.png").write_text("not an image")
+    (broken / "list.csv").write_text("path,label\nx/a.png,x\nx/b.png,x\n")
+    bench = ("bench", "--model", tiny_onnx, "--out", tmp_path / "report")
+    for gallery in (
+        ["--gallery", broken / "list.csv"],
+        ["--gallery", broken, "--labels-from-folders"],
+    ):
+        code, out, err = run(capsys, *bench, *gallery)
+        assert code == 2 and out == "" and "nan" not in err
+        # (above the error line: the embedding progress bar)
+        last = err.splitlines()[-1]
+        assert last.startswith("vitrieval-index bench: error: none of the 2 gallery images")
+        assert "could be read (first: " in last and err.count("error") == 1
+    # readable, but no image shares its label with another: every metric would be NaN
+    unique = tmp_path / "unique.csv"
+    rows = [f"{path},{i}" for i, path in enumerate(sorted(photo_folder.glob("class_2/*.png")))]
+    unique.write_text("path,label\n" + "\n".join(rows) + "\n")
+    code, out, err = run(capsys, *bench, "--gallery", unique)
+    last = err.splitlines()[-1]
+    assert code == 2 and out == "" and err.count("error") == 1
+    assert last.startswith("vitrieval-index bench: error: no query has another gallery image")
+    assert last.endswith("there is nothing to measure")
+    assert not (tmp_path / "report" / "report.json").exists()
+
+
 def test_bench_ivf_reports_fidelity(tmp_path, capsys, tiny_onnx):
     out = tmp_path / "report"
     code, _, err = run(
