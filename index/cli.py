@@ -46,9 +46,12 @@ def _open_index(index: Path, override: str | None):
     if override:
         theirs = read_model_metadata(override).fingerprint
         if theirs != store.fingerprint:
+            own = f" ({store.model_path})" if store.model_path else ""
             raise StoreError(
                 f"--model {override} has fingerprint {theirs[:12]}, the index was built with "
-                f"{(store.fingerprint or '')[:12]}"
+                f"{(store.fingerprint or '')[:12]}: leave out --model to use the index's own "
+                f"copy{own}, or rebuild the index with this model (`vitrieval-index build "
+                f"--model {override} --images ... --out NEW_INDEX`)"
             )
         return store, Path(override)
     if store.model_path is None:

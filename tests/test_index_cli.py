@@ -116,10 +116,17 @@ def test_csv_build_and_model_override(tmp_path, capsys, photo_folder, tiny_onnx,
     query = sorted(photo_folder.glob("class_*/*.png"))[0]
     code, _, err = run(capsys, "search", index, query, "--model", tiny_onnx_other)
     assert code == 2 and "fingerprint" in err and err.count("\n") == 1
+    # the error says what to do: the index's own model copy, or a rebuild
+    assert f"leave out --model to use the index's own copy ({index / 'model.onnx'})" in err
+    assert "rebuild the index with this model" in err
     code, _, err = run(
         capsys, "build", "--model", tiny_onnx_other, "--images", listing, "--out", index
     )
-    assert code == 2 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1
+    assert "rebuild the index with this model (into a new folder)" in err
+    assert (
+        f"use the model it was built with (the index keeps a copy: {index / 'model.onnx'})" in err
+    )
 
 
 def test_corrupt_index_is_refused(tmp_path, capsys, photo_folder, tiny_onnx):
