@@ -358,7 +358,7 @@ def _runtime_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitrieval-index", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log which devices are used")
+    _global_options(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     build = sub.add_parser("build", help="embed images into a new or existing index")
@@ -464,7 +464,21 @@ def build_parser() -> argparse.ArgumentParser:
     quantize.add_argument("--model", required=True)
     quantize.add_argument("--out", required=True)
     quantize.set_defaults(handler=_quantize)
+    for command in sub.choices.values():
+        # after the command too; SUPPRESS keeps a flag given before it
+        _global_options(command, default=argparse.SUPPRESS)
     return parser
+
+
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """Options of every command, accepted before and after the command name."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="log which devices are used (before or after the command)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -285,6 +285,30 @@ def test_user_errors_one_line(capsys, argv, needle):
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["info", "I"],
+        ["search", "I", "q.jpg"],
+        ["remove", "I", "k"],
+        ["build", "--images", "d", "--out", "o"],
+        ["add", "I", "--images", "d"],
+        ["bench", "--model", "m", "--out", "o"],
+        ["export-dataset", "--out", "o"],
+        ["quantize", "--model", "m", "--out", "o"],
+    ],
+)
+def test_global_flags_before_and_after_the_command(argv):
+    from index.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(argv).verbose is False
+    for flag in ("-v", "--verbose"):
+        assert parser.parse_args([flag, *argv]).verbose is True
+        assert parser.parse_args([*argv, flag]).verbose is True
+    assert parser.parse_args([argv[0], "-v", *argv[1:]]).verbose is True
+
+
 def test_indexed_jpeg_finds_itself_with_score_one(tmp_path, capsys, tiny_onnx):
     """Queries are decoded exactly as the catalogue was (reduced-scale JPEG decoding)."""
     from PIL import Image

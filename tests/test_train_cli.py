@@ -75,6 +75,25 @@ def test_resume_continues_exactly(tmp_path):
     assert [row["epoch"] for row in rows] == [1, 2]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fit", "--out", "r"],
+        ["pretrain", "--images", "d", "--out", "r"],
+        ["export", "--run", "r", "--out", "m.onnx"],
+        ["analyze", "--model", "m.onnx", "--out", "plots"],
+    ],
+)
+def test_global_flags_before_and_after_the_command(argv):
+    from training.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(argv).verbose is False
+    for flag in ("-v", "--verbose"):
+        assert parser.parse_args([flag, *argv]).verbose is True
+        assert parser.parse_args([*argv, flag]).verbose is True
+
+
 def test_existing_run_needs_resume(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)

@@ -207,7 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     from .analyze import add_analyze_parser
 
     add_analyze_parser(sub)
+    _global_options(parser, default=False)
+    for command in sub.choices.values():
+        # after the command too; SUPPRESS keeps a flag given before it
+        _global_options(command, default=argparse.SUPPRESS)
     return parser
+
+
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """Options of every command, accepted before and after the command name."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="also log the libraries' INFO lines (ONNX Runtime, FAISS) and vitrieval's "
+        "debug lines (before or after the command)",
+    )
 
 
 class _StdoutHandler(logging.StreamHandler):
@@ -222,21 +238,24 @@ class _StdoutHandler(logging.StreamHandler):
         pass
 
 
-def _show_log_lines() -> None:
-    """The training packages' INFO lines (which device, and why not the GPU) on stdout."""
+def _show_log_lines(verbose: bool = False) -> None:
+    """The training packages' INFO lines (which device, and why not the GPU) on stdout;
+    with `verbose`, their DEBUG lines too, and other libraries' INFO lines on stderr."""
     logger = logging.getLogger("vitrieval.train")
     if not any(isinstance(h, _StdoutHandler) for h in logger.handlers):
         handler = _StdoutHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
         logger.propagate = False
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _show_log_lines()
+    _show_log_lines(args.verbose)
     try:
         return args.handler(args)
     except USER_ERRORS as exc:
