@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from index.store import IndexStore, StoreError
-from index.store.journal import JOURNAL_FILE
+from index.store.journal import JOURNAL_FILE, JournalIntegrityError, row_checksum
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 16
@@ -80,15 +80,12 @@ def test_replaying_rows_already_committed_changes_nothing(saved_index) -> None:
     store.add(["n"], x[:1] * 1.0, labels=["z"])
     store.remove(["k3"])
     with sqlite3.connect(directory / JOURNAL_FILE) as db:
-        saved_rows = db.execute("SELECT op, key, label, path, metadata, vector FROM ops").fetchall()
+        saved_rows = db.execute("SELECT * FROM ops").fetchall()
     store.save()
     store.close()
     assert journal_rows(directory) == 0
     with sqlite3.connect(directory / JOURNAL_FILE) as db:  # put the rows back
-        db.executemany(
-            "INSERT INTO ops (op, key, label, path, metadata, vector) VALUES (?,?,?,?,?,?)",
-            saved_rows,
-        )
+        db.executemany("INSERT INTO ops VALUES (?,?,?,?,?,?,?,?)", saved_rows)
     reopened = IndexStore.open(directory)
     assert len(reopened) == 10  # 10 + 1 - 1, not more
     assert "k3" not in reopened and reopened.get("n").label == "z"
@@ -205,3 +202,109 @@ def test_one_journalling_writer_at_a_time(saved_index) -> None:
     again.save()
     assert again.journal_pending == 0
     again.close()
+
+
+# -- integrity: checksummed rows ----------------------------------------------------------
+
+
+def _flip_vector_byte(directory: Path, row: int = 0) -> None:
+    """Alter one byte of a journalled vector in place, as a bad disk or a hand edit would."""
+    with sqlite3.connect(directory / JOURNAL_FILE) as db:
+        seq, blob = db.execute(
+            "SELECT seq, vector FROM ops WHERE op = 'add' ORDER BY seq"
+        ).fetchall()[row]
+        altered = bytearray(blob)
+        altered[5] ^= 0x40
+        db.execute("UPDATE ops SET vector = ? WHERE seq = ?", (bytes(altered), seq))
+
+
+def test_an_altered_journal_row_stops_the_open_and_nothing_is_saved(saved_index) -> None:
+    directory, x = saved_index
+    store = IndexStore.open(directory, journal=True)
+    store.add(["a", "b"], x[:2], labels=["p", "q"])
+    store._journal.close()  # a SIGKILL: nothing saved, the journal holds the adds
+    store._journal = None
+    store.close()
+    manifest_before = (directory / "manifest.json").read_bytes()
+    _flip_vector_byte(directory, row=1)
+    for journal in (False, True):
+        with pytest.raises(JournalIntegrityError, match=r"journal row 2 fails its checksum"):
+            IndexStore.open(directory, journal=journal)
+    assert (directory / "manifest.json").read_bytes() == manifest_before
+    assert journal_rows(directory) == 2  # kept for the operator, not truncated
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "UPDATE ops SET key = 'other' WHERE seq = 1",
+        "UPDATE ops SET label = NULL WHERE seq = 1",
+        "UPDATE ops SET metadata = '{\"n\": 2}' WHERE seq = 1",
+        "UPDATE ops SET op = 'remove', vector = NULL WHERE seq = 1",
+        "UPDATE ops SET seq = 7 WHERE seq = 1",  # moved in the replay order
+        "UPDATE ops SET checksum = NULL WHERE seq = 1",
+    ],
+    ids=["key", "label", "metadata", "op", "seq", "checksum-dropped"],
+)
+def test_every_replayed_field_is_covered_by_the_checksum(saved_index, edit) -> None:
+    directory, x = saved_index
+    store = IndexStore.open(directory, journal=True)
+    store.add(["a"], x[:1], labels=["p"], metadata=[{"n": 1}])
+    store._journal.close()
+    store._journal = None
+    store.close()
+    with sqlite3.connect(directory / JOURNAL_FILE) as db:
+        db.execute(edit)
+    with pytest.raises(JournalIntegrityError):
+        IndexStore.open(directory)
+
+
+def test_a_journal_written_before_checksums_replays_once_then_is_truncated(saved_index) -> None:
+    """Rows from before the checksum column replay as they always did; the next save
+    truncates them; a row without a checksum written after the upgrade is refused."""
+    directory, x = saved_index
+    vector = np.ascontiguousarray(x[0] * 1.0, dtype="<f4").tobytes()
+    with sqlite3.connect(directory / JOURNAL_FILE) as db:  # the schema of earlier releases
+        db.execute(
+            "CREATE TABLE ops (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL, "
+            "key TEXT NOT NULL, label TEXT, path TEXT, metadata TEXT, vector BLOB)"
+        )
+        db.execute(
+            "INSERT INTO ops (op, key, label, path, metadata, vector) VALUES (?,?,?,?,?,?)",
+            ("add", "legacy", "L", None, "{}", vector),
+        )
+    store = IndexStore.open(directory, journal=True)
+    assert store.get("legacy").label == "L" and len(store) == 11
+    store.add(["new"], x[1:2])
+    store.save()
+    store.close()
+    assert journal_rows(directory) == 0
+    reopened = IndexStore.open(directory)
+    assert "legacy" in reopened and "new" in reopened
+    reopened.close()
+    with sqlite3.connect(directory / JOURNAL_FILE) as db:  # a checksum-less row now: refused
+        db.execute(
+            "INSERT INTO ops (op, key, label, path, metadata, vector) VALUES (?,?,?,?,?,?)",
+            ("add", "forged", None, None, "{}", vector),
+        )
+    with pytest.raises(JournalIntegrityError):
+        IndexStore.open(directory)
+
+
+def test_row_checksum_matches_a_hand_computation() -> None:
+    import hashlib
+
+    def field(data: bytes) -> bytes:
+        return b"\x01" + len(data).to_bytes(8, "little") + data
+
+    expected = hashlib.sha256(
+        (3).to_bytes(8, "little")
+        + field(b"add")
+        + field("clé".encode())
+        + b"\x00"  # label NULL
+        + field(b"")  # path empty, not NULL
+        + field(b"{}")
+        + field(b"\x00\x00\x80\x3f")
+    ).hexdigest()
+    assert row_checksum(3, "add", "clé", None, "", "{}", b"\x00\x00\x80\x3f") == expected
+    assert row_checksum(3, "add", "clé", "", None, "{}", b"\x00\x00\x80\x3f") != expected

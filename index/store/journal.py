@@ -13,22 +13,34 @@ committed generation, whoever opens the folder (the server after a crash, or the
 and a remove of an absent key is a no-op, so rows that a crash left behind after
 their generation was already committed apply cleanly a second time.
 
-Table::
+Every row carries a SHA-256 checksum over everything replay uses (its seq, op, key,
+label, path, metadata and vector bytes). Replay verifies each row before applying
+anything from it, and a row that fails stops the open with `JournalIntegrityError`:
+a journal altered on disk (a flipped bit, a hand edit) must never be served, nor
+saved into a checksummed generation by the next save. Journals written before rows
+carried checksums are upgraded in place on open: their rows up to
+`meta.legacy_upto` replay without one, once; the next save truncates them.
+
+Tables::
 
     ops(seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT ('add' | 'remove'),
         key TEXT NOT NULL, label TEXT, path TEXT, metadata TEXT (JSON object),
-        vector BLOB (dim little-endian float32; NULL for 'remove'))
+        vector BLOB (dim little-endian float32; NULL for 'remove'),
+        checksum TEXT (hex SHA-256 of the row, see `row_checksum`))
+    meta(name TEXT PRIMARY KEY, value INTEGER)   -- legacy_upto
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +49,7 @@ from .errors import StoreError
 JOURNAL_FILE = "journal.sqlite"
 JOURNAL_LOCK_FILE = ".journal.lock"
 
-_SCHEMA = """
+_OPS_TABLE = """
 CREATE TABLE IF NOT EXISTS ops (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     op TEXT NOT NULL CHECK (op IN ('add', 'remove')),
@@ -45,9 +57,33 @@ CREATE TABLE IF NOT EXISTS ops (
     label TEXT,
     path TEXT,
     metadata TEXT,
-    vector BLOB
+    vector BLOB,
+    checksum TEXT
 )
 """
+_META_TABLE = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)"
+_COLUMNS = "seq, op, key, label, path, metadata, vector, checksum"
+
+
+def row_checksum(
+    seq: int,
+    op: str,
+    key: str,
+    label: str | None,
+    path: str | None,
+    metadata: str | None,
+    vector: bytes | None,
+) -> str:
+    """Hex SHA-256 of one journal row: each field length-prefixed (NULL distinct from
+    empty), so no two different rows share an encoding."""
+    digest = hashlib.sha256(seq.to_bytes(8, "little", signed=True))
+    for field in (op, key, label, path, metadata, vector):
+        if field is None:
+            digest.update(b"\x00")
+            continue
+        data = field if isinstance(field, bytes) else field.encode("utf-8")
+        digest.update(b"\x01" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -61,6 +97,10 @@ class JournalEntry:
     path: str | None
     metadata: dict
     vector: np.ndarray | None
+
+
+class JournalIntegrityError(StoreError):
+    """A journal row fails its checksum: the file was altered after it was written."""
 
 
 class JournalWriteError(StoreError):
@@ -113,9 +153,30 @@ class Journal:
             self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: a commit is on the disk (WAL fsynced) before it returns
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute(_SCHEMA)
+            self.legacy_upto = self._prepare_schema()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path}: cannot open the mutation journal ({exc})") from None
+
+    def _prepare_schema(self) -> int:
+        """Create the tables, or add the checksum column to a journal written before
+        rows had one; returns the last seq allowed to lack a checksum."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(_OPS_TABLE)
+            db.execute(_META_TABLE)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(ops)")}
+            if "checksum" not in columns:
+                db.execute("ALTER TABLE ops ADD COLUMN checksum TEXT")
+                (legacy,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM ops").fetchone()
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('legacy_upto', ?)", (legacy,))
+            row = db.execute("SELECT value FROM meta WHERE name = 'legacy_upto'").fetchone()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return int(row[0]) if row else 0
 
     @classmethod
     def open_existing(cls, directory: Path, dim: int) -> Journal | None:
@@ -140,7 +201,7 @@ class Journal:
         n = len(keys)
         if op == "add":
             assert vectors is not None and vectors.shape == (n, self.dim)
-            rows = [
+            fields = [
                 (
                     op,
                     keys[i],
@@ -152,16 +213,19 @@ class Journal:
                 for i in range(n)
             ]
         elif op == "remove":
-            rows = [(op, key, None, None, None, None) for key in keys]
+            fields = [(op, key, None, None, None, None) for key in keys]
         else:
             raise ValueError(f"unknown journal op {op!r}")
         try:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(
-                "INSERT INTO ops (op, key, label, path, metadata, vector) VALUES (?,?,?,?,?,?)",
-                rows,
-            )
-            (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM ops").fetchone()
+            # seq is assigned here, not by SQLite, so that the checksum covers it: a row
+            # moved to another place in the replay order fails its check
+            first = self._next_seq()
+            rows = [
+                (first + i, *row, row_checksum(first + i, *row)) for i, row in enumerate(fields)
+            ]
+            self._db.executemany(f"INSERT INTO ops ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", rows)
+            last = first + n - 1
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._db.in_transaction:
@@ -170,6 +234,14 @@ class Journal:
                 f"{self.path}: cannot write the mutation journal ({exc})"
             ) from None
         return int(last)
+
+    def _next_seq(self) -> int:
+        """The seq AUTOINCREMENT would give next (never reuses a truncated row's)."""
+        (used,) = self._db.execute(
+            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'ops'), 0),"
+            " COALESCE((SELECT MAX(seq) FROM ops), 0))"
+        ).fetchone()
+        return int(used) + 1
 
     def discard(self, after: int) -> None:
         """Delete rows with seq > `after` (a mutation that failed after being journalled)."""
@@ -184,12 +256,12 @@ class Journal:
         return int(count)
 
     def entries(self) -> Iterator[JournalEntry]:
-        """Every row in seq order (the order the mutations were acknowledged in)."""
+        """Every row in seq order (the order the mutations were acknowledged in), each
+        verified against its checksum before it is yielded (JournalIntegrityError)."""
         try:
-            cursor = self._db.execute(
-                "SELECT seq, op, key, label, path, metadata, vector FROM ops ORDER BY seq"
-            )
-            for seq, op, key, label, path, metadata, blob in cursor:
+            cursor = self._db.execute(f"SELECT {_COLUMNS} FROM ops ORDER BY seq")
+            for seq, op, key, label, path, metadata, blob, checksum in cursor:
+                self._verify(seq, op, key, label, path, metadata, blob, checksum)
                 vector = None
                 if op == "add":
                     vector = np.frombuffer(blob, dtype="<f4").astype(np.float32)
@@ -201,6 +273,21 @@ class Journal:
                 yield JournalEntry(seq, op, key, label, path, json.loads(metadata or "{}"), vector)
         except (sqlite3.DatabaseError, ValueError) as exc:
             raise StoreError(f"{self.path}: the mutation journal is damaged ({exc})") from None
+
+    def _verify(self, seq: Any, *fields: Any) -> None:
+        *row, checksum = fields
+        if checksum is None and isinstance(seq, int) and seq <= self.legacy_upto:
+            return  # written before rows carried checksums; replayed once, as then
+        try:
+            expected = row_checksum(seq, *row)
+        except (TypeError, AttributeError, OverflowError, UnicodeEncodeError):
+            expected = None  # a field of the wrong type: altered too
+        if checksum is None or expected != checksum:
+            raise JournalIntegrityError(
+                f"{self.path}: journal row {seq} fails its checksum (altered after it was "
+                "written); nothing was replayed or served. To recover, see 'A damaged "
+                "journal' in docs/index.md"
+            )
 
     def truncate(self, upto: int) -> None:
         """Delete rows with seq <= `upto`: they are in a committed generation now."""
