@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -215,6 +216,38 @@ def test_console_script_is_installed():
     result = subprocess.run([exe, "fit", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     assert "--preset" in result.stdout and "--pool" in result.stdout
+
+
+# `python -c` with torch and timm unimportable (a None entry in sys.modules makes
+# `import torch` raise ImportError), then `vitrieval-train ARGV`.
+WITHOUT_TORCH = """
+import sys
+for name in ("torch", "timm", "torchvision"):
+    sys.modules[name] = None
+from training.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["fit", "--help"], ["pretrain", "--help"], ["export", "--help"], ["-v", "--help"]],
+)
+def test_help_imports_neither_torch_nor_timm(argv):
+    """Parsing and --help are instant: torch and timm are imported by the commands only."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-c", WITHOUT_TORCH, *argv]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=root)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: vitrieval-train")
+
+
+def test_without_torch_a_command_that_needs_it_fails():
+    """The check above means something: the same blocking stops `fit --list-backbones`."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-c", WITHOUT_TORCH, "fit", "--list-backbones"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=root)
+    assert result.returncode == 1 and "ModuleNotFoundError: import of t" in result.stderr
 
 
 def test_triplet_loss_trains_with_class_balanced_batches(tmp_path, capsys):

@@ -14,12 +14,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from index.datasets import DatasetError
-from index.images import ImageDecodeError
-from index.model_metadata import ModelMetadataError
-
-from .backbones import BackboneError, vit_names
-from .checkpoint import CheckpointError
+# Parsing the command line (and --help) imports no torch or timm: the modules that do
+# are imported inside the commands, so `vitrieval-train --help` answers at once.
 from .config import (
     ConfigError,
     FitConfig,
@@ -28,24 +24,38 @@ from .config import (
     load_config_file,
     typed_options,
 )
-from .pooling import PoolingOptionError
-from .registry import UnknownNameError
 
 FIT_FIELDS = {f.name for f in fields(FitConfig)}
 
-USER_ERRORS = (
-    BackboneError,
-    CheckpointError,
-    ConfigError,
-    DatasetError,
-    ImageDecodeError,
-    ModelMetadataError,
-    PoolingOptionError,
-    UnknownNameError,
-)
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions a user can cause (bad names, paths, data): one line, exit 2.
+
+    Imported when needed: backbones, checkpoints and poolings import torch and timm.
+    """
+    from index.datasets import DatasetError
+    from index.images import ImageDecodeError
+    from index.model_metadata import ModelMetadataError
+
+    from .backbones import BackboneError
+    from .checkpoint import CheckpointError
+    from .pooling import PoolingOptionError
+    from .registry import UnknownNameError
+
+    return (
+        BackboneError,
+        CheckpointError,
+        ConfigError,
+        DatasetError,
+        ImageDecodeError,
+        ModelMetadataError,
+        PoolingOptionError,
+        UnknownNameError,
+    )
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from .backbones import vit_names
     from .trainer import CONFIG_FILE, TrainingError, fit
 
     if args.list_backbones:
@@ -258,7 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _show_log_lines(args.verbose)
     try:
         return args.handler(args)
-    except USER_ERRORS as exc:
+    except Exception as exc:
+        if not isinstance(exc, user_errors()):
+            raise
         print(f"vitrieval-train {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
