@@ -119,11 +119,35 @@ def test_existing_run_needs_resume(tmp_path, capsys):
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, capsys, args, needle):
-    assert main(["fit", "--out", str(tmp_path / "r"), *args]) == 2
+    assert main(["fit", "--out", str(tmp_path / "new" / "r"), *args]) == 2
     err = capsys.readouterr().err
     assert needle in err
     assert "Traceback" not in err
     assert err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # no empty run folder (nor its parent) left behind
+
+
+def test_a_failed_fit_keeps_folders_it_did_not_create_and_files_of_value(tmp_path, capsys):
+    missing = ["--dataset", "folder", "--data-root", str(tmp_path / "nope")]
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    assert main(["fit", "--out", str(existing), *missing, *FAST]) == 2
+    assert existing.is_dir()
+    assert (
+        main(["pretrain", "--images", str(tmp_path / "nope"), "--out", str(tmp_path / "pre")]) == 2
+    )
+    assert not (tmp_path / "pre").exists()
+    # no readable image: the run folder stays, with the list that says why
+    photos = tmp_path / "photos"
+    for label in ("a", "b"):
+        (photos / label).mkdir(parents=True)
+        for i in range(3):
+            (photos / label / f"{i}.png").write_text("not an image")
+    run = tmp_path / "run"
+    folder = ["--dataset", "folder", "--data-root", str(photos)]
+    assert main(["fit", "--out", str(run), *folder, *FAST]) == 2
+    assert "no readable training images" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["skipped.txt"]
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,11 @@ message and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -65,10 +67,47 @@ def _fit(args: argparse.Namespace) -> int:
         return _fit_recipe(args, fit)
     cfg = _resumed_config(args, FitConfig, CONFIG_FILE) if args.resume else config_from_args(args)
     try:
-        fit(cfg, resume=args.resume)
+        with removed_if_failed(cfg.out):
+            fit(cfg, resume=args.resume)
     except TrainingError as exc:
         raise ConfigError(str(exc)) from None
     return 0
+
+
+@contextlib.contextmanager
+def removed_if_failed(out: str | None) -> Iterator[None]:
+    """Run the block; if it fails and it created the run folder `out` (or parents of it),
+    remove what it created unless it holds something of value.
+
+    Of value is any file but the run's saved configuration: a checkpoint, metrics,
+    weights, or the list of skipped images that explains the failure. A folder that
+    existed before is never touched.
+    """
+    created = _first_missing(Path(out)) if out else None
+    try:
+        yield
+    except BaseException:
+        if created is not None and created.is_dir() and not _holds_value(created):
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its parents that does not exist yet (None: it exists)."""
+    missing = None
+    for candidate in (path.absolute(), *path.absolute().parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _holds_value(folder: Path) -> bool:
+    from .pretrain_config import PRETRAIN_FILE
+    from .trainer import CONFIG_FILE
+
+    worthless = {CONFIG_FILE, PRETRAIN_FILE}
+    return any(not path.is_dir() and path.name not in worthless for path in folder.rglob("*"))
 
 
 def _resumed_config(args: argparse.Namespace, cls: type, filename: str) -> Any:
@@ -94,7 +133,8 @@ def _pretrain(args: argparse.Namespace) -> int:
     else:
         cfg = config_from_args(args, PretrainConfig)
     try:
-        pretrain(cfg, resume=args.resume)
+        with removed_if_failed(cfg.out):
+            pretrain(cfg, resume=args.resume)
     except TrainingError as exc:
         raise ConfigError(str(exc)) from None
     return 0
@@ -109,19 +149,22 @@ def _fit_recipe(args: argparse.Namespace, fit) -> int:
         raise ConfigError("--recipe needs --out RUN (each stage writes RUN/<stage name>)")
     flags = {k: v for k, v in vars(args).items() if k in FIT_FIELDS and v is not None}
     previous = flags.pop("init", None)
-    for stage in recipe["stages"]:
-        stage = dict(stage)
-        name = str(stage.pop("name"))
-        values = {**recipe.get("common", {}), **stage, **flags, "out": str(Path(args.out) / name)}
-        if previous:
-            values["init"] = previous
-            values.pop("pretrained", None)  # the previous stage's weights replace them
-        print(f"recipe stage {name}")
-        try:
-            fit(FitConfig(**values))
-        except TrainingError as exc:
-            raise ConfigError(f"stage {name}: {exc}") from None
-        previous = values["out"]
+    with removed_if_failed(args.out):
+        for stage in recipe["stages"]:
+            stage = dict(stage)
+            name = str(stage.pop("name"))
+            out = str(Path(args.out) / name)
+            values = {**recipe.get("common", {}), **stage, **flags, "out": out}
+            if previous:
+                values["init"] = previous
+                values.pop("pretrained", None)  # the previous stage's weights replace them
+            print(f"recipe stage {name}")
+            try:
+                with removed_if_failed(out):
+                    fit(FitConfig(**values))
+            except TrainingError as exc:
+                raise ConfigError(f"stage {name}: {exc}") from None
+            previous = out
     return 0
 
 
