@@ -6,7 +6,7 @@ DEMO_RUN ?= runs/demo
 DEMO_PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo bench bench-search compose-config clean
+.PHONY: install test lint format demo demo-clean bench bench-search compose-config clean
 
 # The tested versions of constraints.txt, within the ranges of pyproject.toml; the stamp
 # is rebuilt whenever either changes.
@@ -31,20 +31,46 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-demo: install
-	rm -rf $(DEMO_RUN)
-	$(BIN)/vitrieval-train fit --dataset digits --preset tiny --out $(DEMO_RUN)
-	$(BIN)/vitrieval-train export --run $(DEMO_RUN) --out $(DEMO_RUN)/model.onnx
-	$(BIN)/vitrieval-index export-dataset --dataset digits --split test --out $(DEMO_RUN)/images
-	$(BIN)/vitrieval-index build --model $(DEMO_RUN)/model.onnx --images $(DEMO_RUN)/images \
-		--labels-from-folders --out $(DEMO_RUN)/index
-	$(BIN)/vitrieval-index bench --model $(DEMO_RUN)/model.onnx --gallery $(DEMO_RUN)/images/list.csv \
-		--out $(DEMO_RUN)/bench
+# `make demo` picks up where the last one stopped: the run resumes from its checkpoint (a
+# finished run only reloads it and says "done"), and the export, the held-out images, the
+# index and the benchmark are redone only when older than what they are made from.
+# `make demo-clean` removes the demo run, to start over.
+demo: install $(DEMO_RUN)/index/build_report.json $(DEMO_RUN)/bench/report.json
 	$(BIN)/vitrieval-index search $(DEMO_RUN)/index $(DEMO_RUN)/images/7/digits_00017.png -k 5
 	@echo "demo: model $(DEMO_RUN)/model.onnx, index $(DEMO_RUN)/index, curves $(DEMO_RUN)/curves.png"
 	@echo "demo: search page at http://127.0.0.1:$(DEMO_PORT)/ , API docs at /docs (Ctrl-C stops the server)"
 	$(BIN)/vitrieval-serve --model $(DEMO_RUN)/model.onnx --index $(DEMO_RUN)/index \
 		--host 127.0.0.1 --port $(DEMO_PORT) --read-only
+
+# Training runs every time (FORCE), resuming when the run has a checkpoint: fit --resume
+# needs one, and a run stopped before its first checkpoint starts over. model.safetensors
+# changes only when an epoch ends, so what is made from it is redone only then.
+DEMO_FIT = $(if $(wildcard $(DEMO_RUN)/checkpoint/state.json),--out $(DEMO_RUN) --resume,\
+	--dataset digits --preset tiny --out $(DEMO_RUN))
+
+$(DEMO_RUN)/model.safetensors: install FORCE
+	$(BIN)/vitrieval-train fit $(strip $(DEMO_FIT))
+
+$(DEMO_RUN)/model.onnx: $(DEMO_RUN)/model.safetensors
+	$(BIN)/vitrieval-train export --run $(DEMO_RUN) --out $@
+
+$(DEMO_RUN)/images/list.csv: | install
+	$(BIN)/vitrieval-index export-dataset --dataset digits --split test --out $(DEMO_RUN)/images
+
+# build_report.json is written last; an index of an older model is rebuilt from scratch
+$(DEMO_RUN)/index/build_report.json: $(DEMO_RUN)/model.onnx $(DEMO_RUN)/images/list.csv
+	rm -rf $(DEMO_RUN)/index
+	$(BIN)/vitrieval-index build --model $(DEMO_RUN)/model.onnx --images $(DEMO_RUN)/images \
+		--labels-from-folders --out $(DEMO_RUN)/index
+
+$(DEMO_RUN)/bench/report.json: $(DEMO_RUN)/model.onnx $(DEMO_RUN)/images/list.csv
+	$(BIN)/vitrieval-index bench --model $(DEMO_RUN)/model.onnx --gallery $(DEMO_RUN)/images/list.csv \
+		--out $(DEMO_RUN)/bench
+
+demo-clean:
+	rm -rf $(DEMO_RUN)
+
+FORCE:
 
 # The benchmarks of docs/benchmarks.md; int8 needs the demo model (`make demo` first),
 # bench-search takes about 10 minutes on 2 cores.
