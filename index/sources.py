@@ -55,6 +55,8 @@ def write_image_folder(items: list[Item], root: Path) -> Path:
 
     Materialises an in-memory dataset (digits) as files that `build --images DIR
     --labels-from-folders` or `bench --gallery root/list.csv` can read. Returns the CSV.
+    An item's key in the CSV is its file's path relative to `root` (`7/digits_00017.png`
+    for digit 17), the key a folder build of `root` gives it, so the two agree.
     """
     root.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -63,7 +65,8 @@ def write_image_folder(items: list[Item], root: Path) -> Path:
         path = root / label / (item.key.replace("/", "_") + ".png")
         path.parent.mkdir(parents=True, exist_ok=True)
         item.open().save(path)
-        rows.append((path.relative_to(root).as_posix(), item.label or "", item.key))
+        relative = path.relative_to(root).as_posix()
+        rows.append((relative, item.label or "", relative))
     listing = root / "list.csv"
     with atomic_path(listing) as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.writer(fh)

@@ -268,6 +268,26 @@ def test_bench_ivf_reports_fidelity(tmp_path, capsys, tiny_onnx):
     assert vectors_ok
 
 
+def test_export_dataset_keys_are_those_of_a_folder_build(tmp_path, capsys, tiny_onnx):
+    """list.csv and a folder build of the same export give every image the same key."""
+    images = tmp_path / "images"
+    code, out, _ = run(capsys, "export-dataset", "--dataset", "digits", "--out", images)
+    assert code == 0 and out.startswith("wrote 539 images of digits/stratified (test)")
+    with open(images / "list.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {"path": "7/digits_00017.png", "label": "7", "key": "7/digits_00017.png"} in rows
+    build = ("build", "--model", tiny_onnx, "--images")
+    assert run(capsys, *build, images, "--labels-from-folders", "--out", tmp_path / "a")[0] == 0
+    assert run(capsys, *build, images / "list.csv", "--out", tmp_path / "b")[0] == 0
+    from index.store import IndexStore
+
+    by_folder, by_csv = IndexStore.open(tmp_path / "a"), IndexStore.open(tmp_path / "b")
+    assert len(by_folder) == len(by_csv) == 539
+    assert sorted(by_folder.keys()) == sorted(by_csv.keys()) == sorted(r["key"] for r in rows)
+    for key in ("7/digits_00017.png", rows[0]["key"]):
+        assert by_folder.get(key).label == by_csv.get(key).label == key.split("/")[0]
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

@@ -341,10 +341,10 @@ def test_mutations_need_the_key(client) -> None:
         added = client.post("/v1/items", headers=headers, **upload(photo, key="k"))
         assert added.status_code == 401 and added.json()["code"] == "unauthorized"
         assert added.headers["www-authenticate"] == "X-API-Key"
-        removed = client.delete("/v1/items/digits/00001", headers=headers)
+        removed = client.delete("/v1/items/1/digits_00001.png", headers=headers)
         assert removed.status_code == 401
     assert client.get("/v1/items/k").status_code == 404  # nothing was added
-    assert client.get("/v1/items/digits/00001").status_code == 200  # nothing was removed
+    assert client.get("/v1/items/1/digits_00001.png").status_code == 200  # nothing was removed
 
 
 def test_read_key_and_read_only(digits_gallery, served_index, gallery) -> None:

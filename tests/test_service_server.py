@@ -122,7 +122,7 @@ def test_hostile_uploads_are_refused_in_bounded_memory(digits_gallery, served_in
     bomb = png_bomb()
     with Server(digits_gallery["model"], served_index, env=ENV) as server:
         http = httpx.Client(base_url=server.url, timeout=30)
-        warm = http.post("/v1/search", json={"key": "digits/00001", "k": 1})
+        warm = http.post("/v1/search", json={"key": "1/digits_00001.png", "k": 1})
         assert warm.status_code == 200
         before = peak_rss_kib(server.process.pid)
         timings = {}
