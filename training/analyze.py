@@ -29,6 +29,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from index.datasets import Item, load_dataset
 from index.metrics import isotropy_score, retrieval_metrics
 
 from .config import ConfigError, FitConfig, load_config_file
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DATASET_OPTIONS = ("dataset", "data_root", "split", "test_fraction", "seed")
 
@@ -184,14 +188,19 @@ def summarize(emb: Embedded) -> dict:
     }
 
 
-def _figure(n_panels: int):
+def _figure(n_panels: int, sharex: bool = False):
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(
-        1, n_panels, figsize=(4.6 * n_panels, 4.0), constrained_layout=True, squeeze=False
+        1,
+        n_panels,
+        figsize=(4.6 * n_panels, 4.0),
+        constrained_layout=True,
+        squeeze=False,
+        sharex=sharex,
     )
     return plt, fig, list(axes[0])
 
@@ -202,19 +211,21 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_similarity(models: list[Embedded], summaries: list[dict], path: Path) -> None:
+def plot_similarity(models: list[Embedded], summaries: list[dict], path: Path) -> Figure:
     """One panel per model: density histograms of positive vs negative pair cosines.
 
-    Each panel's x range is its own cosines' range: an untrained encoder's cosines can
-    all lie within 0.99..1, which a fixed -1..1 axis would draw as one bar.
+    The panels share one x range and one set of bins, so that they compare by eye: the
+    range of every model's cosines together, not a fixed -1..1, on which an untrained
+    encoder's cosines (often all within 0.99..1) would be a single bar. Returns the
+    (closed) figure.
     """
-    plt, fig, axes = _figure(len(models))
-    for ax, emb, summary in zip(axes, models, summaries, strict=True):
-        pos, neg = pair_cosines(emb.embeddings, emb.labels)
-        both = np.concatenate([pos, neg])
-        low, high = float(both.min()), float(both.max())
-        pad = max(1e-4, 0.02 * (high - low))
-        bins = np.linspace(low - pad, high + pad, 61)
+    plt, fig, axes = _figure(len(models), sharex=True)
+    pairs = [pair_cosines(emb.embeddings, emb.labels) for emb in models]
+    every = np.concatenate([c for pos_neg in pairs for c in pos_neg])
+    low, high = (float(every.min()), float(every.max())) if every.size else (-1.0, 1.0)
+    pad = max(1e-4, 0.02 * (high - low))
+    bins = np.linspace(low - pad, high + pad, 61)
+    for ax, (pos, neg), summary in zip(axes, pairs, summaries, strict=True):
         ax.hist(pos, bins=bins, density=True, alpha=0.6, color="tab:blue", label="positive pairs")
         ax.hist(neg, bins=bins, density=True, alpha=0.6, color="tab:orange", label="negative pairs")
         ax.set(
@@ -224,7 +235,9 @@ def plot_similarity(models: list[Embedded], summaries: list[dict], path: Path) -
         )
         ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3)
+    axes[0].set_xlim(bins[0], bins[-1])  # shared by every panel
     _save(plt, fig, path)
+    return fig
 
 
 def project_2d(embeddings: np.ndarray, method: str, seed: int) -> np.ndarray:

@@ -8,12 +8,18 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers; must precede pyplot
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from index.atomic import atomic_path
 
 
-def plot_curves(history: list[dict], path: Path) -> None:
-    """history: the rows of metrics.jsonl; writes a two-panel figure to `path`."""
+def plot_curves(history: list[dict], path: Path) -> Figure:
+    """history: the rows of metrics.jsonl; writes a two-panel figure to `path`.
+
+    Returns the (closed) figure. Epochs are whole numbers: the epoch axes tick at
+    integers only (a short run would otherwise get ticks at 1.25, 1.5 ...).
+    """
     epochs = [row["epoch"] for row in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), constrained_layout=True)
     left.plot(epochs, [row["loss"] for row in history], marker="o", ms=3)
@@ -31,7 +37,9 @@ def plot_curves(history: list[dict], path: Path) -> None:
     right.set(title="held-out retrieval (leave-one-out)", xlabel="epoch", ylim=(0, 1.01))
     right.legend(loc="lower right")
     for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
+    return fig
