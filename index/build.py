@@ -25,10 +25,10 @@ import numpy as np
 from .atomic import atomic_write_text
 from .datasets import Item
 from .embedder import Embedder, EmbedResult
+from .factory import MAX_TRAINING_VECTORS
 from .store import IndexStore, StoreError
 
 REPORT_FILE = "build_report.json"
-MAX_TRAINING_VECTORS = 200_000
 
 
 @dataclass

@@ -65,16 +65,18 @@ def _build(args: argparse.Namespace) -> int:
 
     items = read_sources(args.images, args.labels_from_folders)
     out = Path(args.out)
+    budget = _memory_budget(args)
     store = None
     if args.model:
         model = Path(args.model)
     else:
         store, model = _open_index(out, None)
+    embedder = _embedder(model, args)
     report = build_index(
         items,
         out,
-        _embedder(model, args),
-        factory=args.factory,
+        embedder,
+        factory=_factory(args.factory, out, len(items), embedder.dim, budget),
         save_every=args.save_every,
         store=store,
     )
@@ -84,6 +86,36 @@ def _build(args: argparse.Namespace) -> int:
         print(f"  ... and {len(report.failed) - 10} more")
     print(report.summary(out))
     return 0
+
+
+def _memory_budget(args: argparse.Namespace) -> int | None:
+    """--memory-budget in bytes (None without one); it chooses among factories."""
+    from .factory import AUTO, parse_bytes
+
+    text = getattr(args, "memory_budget", None)
+    if text is None:
+        return None
+    if args.factory not in (None, AUTO):
+        raise ValueError(
+            f"--memory-budget chooses the factory; it cannot be combined with "
+            f"--factory {args.factory}"
+        )
+    return parse_bytes(text)
+
+
+def _factory(factory: str | None, out: Path, n: int, dim: int, budget: int | None) -> str | None:
+    """The factory to create `out` with: `auto` (or none) chooses one for n vectors and
+    prints the choice; an existing index keeps its own (None), an explicit one is checked
+    against it by the build."""
+    from .factory import AUTO, choose_factory
+
+    if factory not in (None, AUTO):
+        return factory
+    if (out / "manifest.json").exists():
+        return None
+    choice = choose_factory(n, dim, budget)
+    print(choice.summary())
+    return choice.factory
 
 
 def _add(args: argparse.Namespace) -> int:
@@ -365,7 +397,17 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--model", help="exported .onnx model (default: the index's own copy)")
     build.add_argument("--images", required=True, help="folder (walked recursively) or CSV list")
     build.add_argument("--out", required=True, help="index directory")
-    build.add_argument("--factory", help="FAISS index_factory string (default: Flat)")
+    build.add_argument(
+        "--factory",
+        default="auto",
+        help="FAISS index_factory string, or auto (the default: Flat below 100,000 images, "
+        "an inverted file above, PQ codes when full vectors exceed --memory-budget)",
+    )
+    build.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="with --factory auto: memory the FAISS index may use, e.g. 4G or 512M",
+    )
     build.add_argument("--labels-from-folders", action="store_true", help="label = top folder name")
     build.add_argument("--save-every", type=int, default=2048, help="commit every N images")
     _runtime_options(build)

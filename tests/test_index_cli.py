@@ -32,6 +32,8 @@ def test_build_search_info_remove(tmp_path, capsys, photo_folder, tiny_onnx):
     build = ("build", "--model", tiny_onnx, "--images", photo_folder, "--out", index)
     code, out, _ = run(capsys, *build, "--labels-from-folders")
     assert code == 0
+    # --factory auto (the default) says what it chose: exact search for a small catalogue
+    assert out.startswith("factory auto: Flat for 40 vectors of dimension 128, a FAISS index")
     assert "indexed 38 of 40 images" in out and "2 unreadable" in out
     report = json.loads((index / "build_report.json").read_text())
     assert sorted(Path(f["key"]).name for f in report["failed"]) == ["broken.png", "notes.jpg"]
@@ -39,6 +41,7 @@ def test_build_search_info_remove(tmp_path, capsys, photo_folder, tiny_onnx):
     # re-running skips what is there
     code, out, _ = run(capsys, *build, "--labels-from-folders")
     assert code == 0 and "indexed 0 of 40" in out and "38 already present" in out
+    assert "factory auto" not in out  # the index has its factory
 
     code, out, _ = run(capsys, "info", index, "--json")
     info = json.loads(out)
@@ -101,6 +104,43 @@ def test_text_output_of_search_info_and_remove(tmp_path, capsys, photo_folder, t
     assert code == 2 and "removed 0 of 1 keys;" in out and err.endswith(f": {key}\n")
     code, _, err = run(capsys, "remove", index)
     assert code == 2 and "no keys given" in err and err.count("\n") == 1
+
+
+def test_build_factory_auto_and_memory_budget(
+    tmp_path, capsys, photo_folder, tiny_onnx, monkeypatch
+):
+    import index.factory
+
+    build = ("build", "--model", tiny_onnx, "--images", photo_folder)
+    # as if 40 images were a large catalogue: an inverted file (40 // 39 -> 1 list)
+    monkeypatch.setattr(index.factory, "FLAT_BELOW", 10)
+    code, out, err = run(capsys, *build, "--out", tmp_path / "ivf")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("factory auto: IVF1,Flat for 40 vectors of dimension")
+    assert json.loads(run(capsys, "info", tmp_path / "ivf", "--json")[1])["factory"] == "IVF1,Flat"
+    # re-running keeps the index's factory; naming another one is refused
+    code, out, _ = run(capsys, *build, "--out", tmp_path / "ivf")
+    assert code == 0 and "factory auto" not in out and "38 already present" in out
+    code, _, err = run(capsys, *build, "--out", tmp_path / "ivf", "--factory", "Flat")
+    assert code == 2 and "was built with factory 'IVF1,Flat', not 'Flat'" in err
+
+    # --factory Flat is exact search whatever the size, and says nothing about a choice
+    code, out, _ = run(capsys, *build, "--out", tmp_path / "flat", "--factory", "Flat")
+    assert code == 0 and "factory auto" not in out
+    info = json.loads(run(capsys, "info", tmp_path / "flat", "--json")[1])
+    assert info["factory"] == "Flat"
+    queries = sorted(photo_folder.glob("class_*/[!b]*.png"))[:5]
+    code, out, _ = run(capsys, "search", tmp_path / "flat", *queries, "-k", "1", "--json")
+    assert [r["hits"][0]["score"] for r in json.loads(out)] == pytest.approx([1.0] * 5, abs=1e-6)
+
+    for extra, needle in [
+        (["--memory-budget", "1K"], "over the 1 KiB budget, and are too few to train PQ"),
+        (["--memory-budget", "4x"], "cannot read '4x' as a size"),
+        (["--memory-budget", "1G", "--factory", "Flat"], "cannot be combined with --factory"),
+    ]:
+        code, out, err = run(capsys, *build, "--out", tmp_path / "refused", *extra)
+        assert code == 2 and needle in err and err.count("\n") == 1, err
+        assert not (tmp_path / "refused").exists()
 
 
 def test_csv_build_and_model_override(tmp_path, capsys, photo_folder, tiny_onnx, tiny_onnx_other):
