@@ -30,7 +30,13 @@ from PIL import Image
 from tqdm import tqdm
 
 from .datasets import Item
-from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, open_image
+from .images import (
+    DEFAULT_MAX_PIXELS,
+    DecodeBudget,
+    ImageDecodeError,
+    open_image,
+    plan_decode,
+)
 from .model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata, ModelMetadataError
 from .preprocess import Preprocessor
 
@@ -146,14 +152,22 @@ class Embedder:
         ]
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
-    def prepare(self, source: str | os.PathLike[str] | bytes) -> np.ndarray:
+    def prepare(
+        self, source: str | os.PathLike[str] | bytes, budget: DecodeBudget | None = None
+    ) -> np.ndarray:
         """Decode and preprocess one image exactly as the batch pipeline does:
         a path or encoded bytes -> float32 (3, S, S), ready for `embed_arrays`.
 
-        For callers that batch on their own (the HTTP service). Raises ImageDecodeError
-        (or a subclass) for an unreadable, oversized, disallowed or corrupt image.
+        For callers that batch on their own (the HTTP service). With `budget`, the
+        decode's memory (known from the header) is reserved there first. Raises
+        ImageDecodeError (or a subclass) for an unreadable, oversized, disallowed or
+        corrupt image, DecodeBudgetBusy when the budget stays full.
         """
-        return self._preprocess(open_image(source, self.max_pixels, self.draft_size))
+        if budget is None:
+            return self._preprocess(open_image(source, self.max_pixels, self.draft_size))
+        plan = plan_decode(source, self.max_pixels, self.draft_size)
+        with budget.reserve(plan.peak_bytes + self._preprocess.peak_bytes(plan.output_size)):
+            return self._preprocess(open_image(source, self.max_pixels, self.draft_size))
 
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """Decoded PIL images (any size; converted to RGB) -> float32 (N, D), unit rows.

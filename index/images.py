@@ -5,8 +5,11 @@ one place:
 
 - a format allowlist (JPEG, PNG, WebP, BMP, GIF, TIFF): anything else is refused
   before the pixel data is touched;
-- a pixel limit checked from the header, before decoding, against decompression
-  bombs (a small file that expands to gigabytes);
+- a pixel limit and an aspect-ratio limit checked from the header, before decoding,
+  against decompression bombs (a small file that expands to gigabytes) and strips of
+  pixels that would blow up in the resize;
+- memory known before decoding (`plan_decode`): large images are shrunk strip by
+  strip as they are converted, so no full-size RGBA or RGB copy is ever made;
 - EXIF orientation applied, so a photo taken sideways is embedded upright;
 - the result is always 3-channel RGB (palette, alpha and grey images converted;
   transparent areas composited on white).
@@ -16,17 +19,32 @@ Failures raise `ImageDecodeError` with a message meant for the user.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import threading
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 ALLOWED_FORMATS: frozenset[str] = frozenset({"JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO"})
 """PIL format names accepted by `open_image` (MPO is the multi-picture JPEG of phones)."""
 
 DEFAULT_MAX_PIXELS = 40_000_000
 """Largest width x height decoded by default (a 40-megapixel photo)."""
+
+MAX_ASPECT_RATIO = 100
+"""Longest side / shortest side accepted: panoramas are 2:1 to 10:1; beyond 100:1 the
+aspect-preserving resize of the preprocessing would build a huge intermediate image
+for a picture that is a line of pixels."""
+
+STRIP_PIXELS = 1 << 20
+"""Pixels converted to RGB at once when a large image is reduced (see `_to_rgb_reduced`)."""
+STRIP_BYTES_PER_PIXEL = 16
+"""Bound on the bytes a strip pixel takes while converted: an RGBA copy, its alpha
+channel and the RGB result (4 + 1 + 4, padded), or the 32-bit copy of a 16-bit pixel."""
 
 # Truncated files must raise, not decode into half-grey images.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -37,14 +55,102 @@ class ImageDecodeError(ValueError):
 
 
 class ImageTooLargeError(ImageDecodeError):
-    """The header announces more pixels than the configured limit."""
+    """The header announces more pixels (or decoded bytes) than the configured limit."""
 
 
 class UnsupportedFormatError(ImageDecodeError):
     """The file is not an image, or not one of `ALLOWED_FORMATS`."""
 
 
+class ImageShapeError(ImageDecodeError):
+    """The image's aspect ratio is beyond `MAX_ASPECT_RATIO`."""
+
+
+class DecodeBudgetBusy(RuntimeError):
+    """No decode memory became free in time: the server is overloaded, the image is fine."""
+
+
 Source = str | os.PathLike[str] | bytes
+
+
+class DecodeBudget:
+    """Bytes that concurrent decodes may hold at once, shared by threads.
+
+    A decode reserves its `DecodePlan.peak_bytes` before touching pixels and gives them
+    back when done, so the memory of all decodes in flight stays under `total_bytes`
+    however many requests arrive: an image whose plan alone exceeds it is refused
+    (`ImageTooLargeError`), one that does not fit now waits up to `wait_s` for others
+    to finish, then `DecodeBudgetBusy`.
+    """
+
+    def __init__(self, total_bytes: int, wait_s: float = 10.0) -> None:
+        if total_bytes < 1:
+            raise ValueError(f"total_bytes must be >= 1, got {total_bytes}")
+        self.total_bytes = total_bytes
+        self.wait_s = wait_s
+        self.used_bytes = 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int, name: str = "<bytes>") -> Iterator[None]:
+        if nbytes > self.total_bytes:
+            raise ImageTooLargeError(
+                f"{name}: decoding needs about {nbytes / 2**20:,.0f} MiB, more than the "
+                f"decode memory budget of {self.total_bytes / 2**20:,.0f} MiB"
+            )
+        with self._changed:
+            fits = self._changed.wait_for(
+                lambda: self.used_bytes + nbytes <= self.total_bytes, timeout=self.wait_s
+            )
+            if not fits:
+                raise DecodeBudgetBusy(f"no decode memory came free within {self.wait_s:g} s")
+            self.used_bytes += nbytes
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.used_bytes -= nbytes
+                self._changed.notify_all()
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How an image will be decoded, decided from its header before any pixel is read.
+
+    `frame` is the size of the decoded frame (after a JPEG's reduced-scale decoding),
+    `reduce` the integer factor it is then shrunk by, and `peak_bytes` a bound on the
+    memory the decode holds at once: the frame in its decoded mode, one strip being
+    converted, and the RGB result (Pillow stores 3-band images in 4 bytes a pixel).
+    """
+
+    format: str
+    size: tuple[int, int]
+    mode: str
+    frame: tuple[int, int]
+    reduce: int
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.frame[0] * self.frame[1] * _pixel_bytes(self.mode)
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return (-(-self.frame[0] // self.reduce), -(-self.frame[1] // self.reduce))
+
+    @property
+    def peak_bytes(self) -> int:
+        width, height = self.output_size
+        strip = min(self.frame[1], _strip_rows(self.frame[0], self.reduce)) * self.frame[0]
+        return self.frame_bytes + strip * STRIP_BYTES_PER_PIXEL + width * height * 4
+
+
+def plan_decode(
+    source: Source, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None
+) -> DecodePlan:
+    """Read only the header of `source` and return its `DecodePlan`; the same checks
+    as `open_image` (format, pixel limit, aspect ratio) raise the same errors."""
+    with _opened(source) as (image, name):
+        return _plan(image, name, max_pixels, draft_size)
 
 
 def open_image(
@@ -52,14 +158,38 @@ def open_image(
 ) -> Image.Image:
     """Decode `source` (a path or the encoded bytes) into an upright RGB image.
 
-    `draft_size`: for JPEG, let the decoder scale down by 1/2, 1/4 or 1/8 in the DCT
-    domain while both sides stay >= draft_size. A model that will shrink the image to
-    that size anyway gets nearly the same input (cosine agreement of embeddings >= 0.999
-    in the tests) at a fraction of the decoding time.
+    `draft_size`: the caller will shrink the image to about this size anyway, so it may
+    be decoded smaller while both sides stay >= draft_size: JPEG in the DCT domain (by
+    1/2, 1/4 or 1/8, Pillow's `draft`), then every format by an integer box reduction
+    done strip by strip, so a large palette, alpha or 16-bit image never exists in
+    full as RGBA/RGB. A model that shrinks to that size gets nearly the same input
+    (cosine agreement of embeddings >= 0.999 in the tests) for a fraction of the time
+    and memory. Without it, every pixel is kept.
 
+    Memory is bounded by `plan_decode(...).peak_bytes`, known before decoding.
     Raises `ImageDecodeError` (or a subclass) for a missing, corrupt, truncated,
-    oversized or disallowed file.
+    oversized, oddly shaped or disallowed file.
     """
+    with _opened(source) as (image, name):
+        plan = _plan(image, name, max_pixels, draft_size)
+        try:
+            if plan.frame != plan.size:
+                image.draft("RGB", plan.frame)
+            image.load()
+            if image.size != plan.frame:  # the decoder chose otherwise: plan again
+                plan = replace(plan, frame=image.size, mode=image.mode)
+            orientation = image.getexif().get(EXIF_ORIENTATION, 1)
+            # reduce first, turn upright after: the turn copies only the small result
+            return _upright(_to_rgb_reduced(image, plan.reduce), orientation)
+        except Image.DecompressionBombError as exc:
+            raise ImageTooLargeError(f"{name}: {exc}") from None
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:
+            raise ImageDecodeError(f"{name}: corrupt or truncated image ({exc})") from None
+
+
+@contextlib.contextmanager
+def _opened(source: Source) -> Iterator[tuple[Image.Image, str]]:
+    """`Image.open` with the allowlist applied: the header is parsed, no pixels read."""
     name = "<bytes>" if isinstance(source, bytes) else str(source)
     try:
         fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
@@ -69,39 +199,104 @@ def open_image(
         try:
             with warnings.catch_warnings():
                 # PIL warns (DecompressionBombWarning) before it raises; our own limit
-                # below is what decides, so the warning is noise.
+                # is what decides, so the warning is noise.
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
                 image = Image.open(fp, formats=None)
         except UnidentifiedImageError:
             raise UnsupportedFormatError(f"{name}: not a recognised image file") from None
         except Image.DecompressionBombError as exc:
             raise ImageTooLargeError(f"{name}: {exc}") from None
-        except OSError as exc:
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:
             raise ImageDecodeError(f"{name}: cannot decode image ({exc})") from None
-
         if image.format not in ALLOWED_FORMATS:
             raise UnsupportedFormatError(
                 f"{name}: format {image.format} is not accepted "
                 f"(allowed: {', '.join(sorted(ALLOWED_FORMATS))})"
             )
-        width, height = image.size
-        if width * height > max_pixels:
-            raise ImageTooLargeError(
-                f"{name}: {width}x{height} = {width * height:,} pixels exceeds the limit "
-                f"of {max_pixels:,}"
-            )
-        if width == 0 or height == 0:
-            raise ImageDecodeError(f"{name}: image has no pixels ({width}x{height})")
-        try:
-            if draft_size and image.format in ("JPEG", "MPO"):
-                image.draft("RGB", (draft_size, draft_size))
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            return _to_rgb(image)
-        except Image.DecompressionBombError as exc:
-            raise ImageTooLargeError(f"{name}: {exc}") from None
-        except (OSError, ValueError, SyntaxError, EOFError) as exc:
-            raise ImageDecodeError(f"{name}: corrupt or truncated image ({exc})") from None
+        yield image, name
+
+
+def _plan(image: Image.Image, name: str, max_pixels: int, draft_size: int | None) -> DecodePlan:
+    width, height = image.size
+    if width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"{name}: {width}x{height} = {width * height:,} pixels exceeds the limit "
+            f"of {max_pixels:,}"
+        )
+    if width == 0 or height == 0:
+        raise ImageDecodeError(f"{name}: image has no pixels ({width}x{height})")
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise ImageShapeError(
+            f"{name}: {width}x{height} is more than {MAX_ASPECT_RATIO}:1 (a strip, not a picture)"
+        )
+    frame = (width, height)
+    if draft_size and image.format in ("JPEG", "MPO"):
+        frame = _jpeg_draft_size(width, height, draft_size)
+    reduce = max(1, min(frame) // draft_size) if draft_size else 1
+    return DecodePlan(image.format, (width, height), image.mode, frame, reduce)
+
+
+def _jpeg_draft_size(width: int, height: int, draft_size: int) -> tuple[int, int]:
+    """The size Pillow's JPEG `draft` decodes to: the largest scale 1/1..1/8 that keeps
+    both sides >= draft_size (rounding up, as libjpeg does)."""
+    scale = 1
+    for candidate in (8, 4, 2):
+        if -(-width // candidate) >= draft_size and -(-height // candidate) >= draft_size:
+            scale = candidate
+            break
+    return (-(-width // scale), -(-height // scale))
+
+
+def _pixel_bytes(mode: str) -> int:
+    """Bytes a pixel takes in Pillow's memory for `mode`: 1 for 1/L/P, 2 for the 16-bit
+    modes, 4 for every multi-band and 32-bit mode (3-band images are padded to 4)."""
+    if mode in ("1", "L", "P"):
+        return 1
+    if mode.startswith("I;16"):
+        return 2
+    return 4
+
+
+def _strip_rows(width: int, factor: int) -> int:
+    """Rows converted at once: about STRIP_PIXELS pixels, a multiple of the reduction."""
+    rows = max(1, STRIP_PIXELS // max(1, width))
+    return max(factor, rows - rows % factor)
+
+
+def _to_rgb_reduced(image: Image.Image, factor: int) -> Image.Image:
+    """`image` as RGB, box-reduced by `factor`, converted a strip of rows at a time so
+    the RGBA/RGB copies of a large image are never whole. Strips start at multiples of
+    `factor`, so the result equals converting the whole image, then reducing it."""
+    if factor == 1 and image.mode == "RGB":
+        return image
+    width, height = image.size
+    rows = _strip_rows(width, factor)
+    if rows >= height:
+        rgb = _to_rgb(image)
+        return rgb.reduce(factor) if factor > 1 else rgb
+    out = Image.new("RGB", (-(-width // factor), -(-height // factor)))
+    for top in range(0, height, rows):
+        strip = _to_rgb(image.crop((0, top, width, min(height, top + rows))))
+        out.paste(strip.reduce(factor) if factor > 1 else strip, (0, top // factor))
+    return out
+
+
+EXIF_ORIENTATION = 0x0112
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""EXIF orientation -> the transposition that shows the image upright."""
+
+
+def _upright(image: Image.Image, orientation: object) -> Image.Image:
+    method = _UPRIGHT.get(orientation) if isinstance(orientation, int) else None
+    return image.transpose(method) if method is not None else image
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
@@ -110,8 +305,9 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     if image.mode == "P":
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):
+        rgba = image.convert("RGBA")
         background = Image.new("RGB", image.size, (255, 255, 255))
-        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
+        background.paste(rgba, mask=rgba.getchannel("A"))
         return background
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
         # 16-bit greyscale: scale into 8 bits rather than clipping.

@@ -39,13 +39,23 @@ class Preprocessor:
         self.mean = np.asarray(meta.mean, dtype=np.float32).reshape(3, 1, 1)
         self.std = np.asarray(meta.std, dtype=np.float32).reshape(3, 1, 1)
 
+    def resized(self, width: int, height: int) -> tuple[int, int]:
+        """The size an image of width x height is resized to before the centre crop."""
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = self.scale_size, int(self.scale_size * long / short)
+        return (new_short, new_long) if width <= height else (new_long, new_short)
+
+    def peak_bytes(self, size: tuple[int, int]) -> int:
+        """Bound on the memory preprocessing an RGB image of `size` allocates: the
+        resized image (4 bytes a pixel in Pillow) and the float32 crops."""
+        new_w, new_h = self.resized(*size)
+        return new_w * new_h * 4 + 4 * 3 * self.size * self.size * 4
+
     def __call__(self, image: Image.Image) -> np.ndarray:
         if image.mode != "RGB":
             image = image.convert("RGB")
         w, h = image.size
-        short, long = (w, h) if w <= h else (h, w)
-        new_short, new_long = self.scale_size, int(self.scale_size * long / short)
-        new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+        new_w, new_h = self.resized(w, h)
         if (new_w, new_h) != (w, h):
             image = image.resize((new_w, new_h), self.resample)
         top = round((new_h - self.size) / 2.0)

@@ -76,3 +76,112 @@ def test_broken_input_raises_decode_error(payload):
 def test_missing_file(tmp_path):
     with pytest.raises(ImageDecodeError, match="cannot read"):
         open_image(tmp_path / "none.jpg")
+
+
+# -- decoding memory: the plan, strip-wise reduction, the shared budget ------------------
+
+
+def test_decode_plan_is_read_from_the_header() -> None:
+    from index.images import STRIP_BYTES_PER_PIXEL, plan_decode
+
+    palette = Image.new("P", (4000, 3000))
+    plan = plan_decode(encode(palette, "PNG", transparency=0), draft_size=200)
+    assert (plan.format, plan.mode, plan.size, plan.frame, plan.reduce) == (
+        "PNG",
+        "P",
+        (4000, 3000),
+        (4000, 3000),
+        15,  # 3000 // 200: both sides stay >= 200
+    )
+    assert plan.output_size == (267, 200)
+    strip_rows = 255  # 2**20 // 4000 = 262 rows, cut to a multiple of 15
+    assert plan.peak_bytes == 4000 * 3000 * 1 + strip_rows * 4000 * STRIP_BYTES_PER_PIXEL + (
+        267 * 200 * 4
+    )
+    grey16 = plan_decode(encode(Image.new("I;16", (100, 50)), "PNG"))
+    assert grey16.mode == "I;16" and grey16.frame_bytes == 100 * 50 * 2 and grey16.reduce == 1
+    jpeg = plan_decode(encode(Image.new("RGB", (1600, 1200)), "JPEG"), draft_size=150)
+    assert jpeg.frame == (200, 150) and jpeg.reduce == 1  # DCT scaling by 1/8
+
+
+def test_the_planned_jpeg_draft_size_is_what_pillow_decodes() -> None:
+    from index.images import plan_decode
+
+    for size, draft in (((1601, 1203), 150), ((999, 333), 100), ((640, 480), 300)):
+        data = encode(Image.new("RGB", size, (10, 20, 30)), "JPEG")
+        image = Image.open(io.BytesIO(data))
+        image.draft("RGB", (draft, draft))
+        assert plan_decode(data, draft_size=draft).frame == image.size
+
+
+@pytest.mark.parametrize("mode", ["P", "RGBA", "LA", "I;16", "RGB", "L"])
+def test_strip_wise_reduction_equals_converting_then_reducing(mode) -> None:
+    from index import images
+
+    rng = np.random.default_rng(0)
+    if mode == "I;16":
+        source = Image.fromarray(rng.integers(0, 65535, (1500, 1100), dtype=np.uint16))
+    else:
+        source = Image.fromarray(rng.integers(0, 255, (1500, 1100, 4), dtype=np.uint8), "RGBA")
+        source = source.convert(mode)
+    data = encode(source, "PNG", **({"transparency": 3} if mode == "P" else {}))
+    whole = images._to_rgb(Image.open(io.BytesIO(data))).reduce(7)
+    old_strip = images.STRIP_PIXELS
+    images.STRIP_PIXELS = 1100 * 50  # many strips of 49 rows (a multiple of 7)
+    try:
+        stripped = open_image(data, draft_size=150)  # 1100 // 150 = 7
+    finally:
+        images.STRIP_PIXELS = old_strip
+    assert stripped.size == whole.size == (158, 215)
+    assert np.array_equal(np.asarray(stripped), np.asarray(whole))
+
+
+def test_orientation_is_applied_after_the_reduction() -> None:
+    wide = Image.new("RGB", (1200, 600), (200, 10, 10))
+    wide.paste((0, 0, 255), (0, 0, 100, 100))  # a blue corner, top left as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown rotated 90 degrees clockwise
+    decoded = open_image(encode(wide, "PNG", exif=exif), draft_size=100)
+    assert decoded.size == (100, 200)  # reduced by 6, then turned upright
+    assert decoded.getpixel((95, 2))[2] > 200  # the blue corner is now top right
+
+
+def test_strips_beyond_the_aspect_ratio_limit_are_refused_before_decoding() -> None:
+    from index.images import MAX_ASPECT_RATIO, ImageShapeError
+
+    with pytest.raises(ImageShapeError, match="more than 100:1"):
+        open_image(encode(Image.new("L", (MAX_ASPECT_RATIO * 3 + 1, 3)), "PNG"))
+    assert open_image(encode(Image.new("L", (MAX_ASPECT_RATIO * 3, 3)), "PNG")).size == (300, 3)
+
+
+def test_decode_budget_refuses_waits_and_gives_back() -> None:
+    import threading
+
+    from index.images import DecodeBudget, DecodeBudgetBusy
+
+    budget = DecodeBudget(100, wait_s=0.2)
+    with pytest.raises(ImageTooLargeError, match="decode memory budget"), budget.reserve(101):
+        pass
+    with budget.reserve(60):
+        # 60 + 50 > 100 for longer than wait_s
+        with pytest.raises(DecodeBudgetBusy), budget.reserve(50):
+            pass
+        assert budget.used_bytes == 60
+    assert budget.used_bytes == 0
+    order: list[str] = []
+    first = budget.reserve(80)
+    first.__enter__()
+    held = []
+
+    def second() -> None:
+        held.append(budget.reserve(50))
+        held[0].__enter__()
+        order.append("second in")
+
+    waiter = threading.Thread(target=second)
+    budget.wait_s = 5
+    waiter.start()
+    order.append("first out")
+    first.__exit__(None, None, None)
+    waiter.join(5)
+    assert order == ["first out", "second in"] and budget.used_bytes == 50
