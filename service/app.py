@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from . import __version__
 from .errors import document_error_body, install_error_handlers
+from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
 from .routers import evaluate, health, items, search, web
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        return_large_buffers_to_the_os()
         loaded = state or await asyncio.to_thread(ServiceState.load, settings, metrics)
         await loaded.batcher.start()
         loaded.ready = True
@@ -78,6 +80,10 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
         LimitsMiddleware,
         max_body_bytes=settings.max_body_bytes,
         timeout_s=settings.request_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        upload_slots=settings.upload_slots,
+        max_concurrency=settings.max_concurrency,
+        max_body_memory_bytes=settings.max_body_memory_bytes,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -75,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # which of its builds FAISS loaded is not news (it logs every attempt at INFO)
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     from .settings import Settings
     from .state import ServiceState, StartupError
 
@@ -87,8 +90,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vitrieval-serve: {message}", file=sys.stderr)
         return 2
     try:
+        listener = _listen(settings.host, settings.port)
+    except OSError as exc:
+        print(
+            f"vitrieval-serve: cannot listen on {settings.host}:{settings.port}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
         state = ServiceState.load(settings)
     except StartupError as exc:
+        listener.close()
         print(f"vitrieval-serve: {exc}", file=sys.stderr)
         return 2
 
@@ -100,8 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    # no limit_concurrency: uvicorn's own overload answer is a plain-text 503 that also
+    # hits the probes; the app's edge (service.middleware) bounds requests instead
     if settings.workers > 1:
-        # each worker process loads its own copy; the settings travel in the environment
+        # each worker process loads its own copy and binds the port itself; the
+        # settings travel in the environment
+        listener.close()
         state.close()
         for field, value in overrides.items():
             os.environ[f"VITRIEVAL_{field.upper()}"] = str(value)
@@ -112,20 +129,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=settings.port,
             workers=settings.workers,
             log_level=args.log_level,
-            limit_concurrency=settings.max_concurrency,
         )
         return 0
     from .app import create_app
 
-    uvicorn.run(
-        create_app(settings, state),
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=10,
-        limit_concurrency=settings.max_concurrency,
+    config = uvicorn.Config(
+        create_app(settings, state), log_level=args.log_level, timeout_graceful_shutdown=10
     )
+    uvicorn.Server(config).run(sockets=[listener])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket for host:port (OSError when the port is taken), so a
+    port in use is one line and exit 2 before anything is loaded."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(2048)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 def _url_host(host: str) -> str:

@@ -13,13 +13,23 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from index.images import ImageDecodeError, ImageTooLargeError, UnsupportedFormatError
+from index.images import (
+    ImageDecodeError,
+    ImageShapeError,
+    ImageTooLargeError,
+    UnsupportedFormatError,
+)
 
 logger = logging.getLogger("vitrieval.service")
+
+CLIENT_CLOSED_REQUEST = 499
+"""The status given to a request whose client hung up (nobody receives it; the
+metrics count it as a disconnect, not as an error)."""
 
 
 class ErrorBody(BaseModel):
@@ -44,6 +54,8 @@ def image_error(exc: Exception) -> ApiError:
         return ApiError(413, "image_too_large", str(exc))
     if isinstance(exc, UnsupportedFormatError):
         return ApiError(415, "unsupported_image_format", str(exc))
+    if isinstance(exc, ImageShapeError):
+        return ApiError(422, "unsupported_image_shape", str(exc))
     if isinstance(exc, ImageDecodeError):
         return ApiError(422, "corrupt_image", str(exc))
     # hostile files can make PIL plugins raise odd types; still the client's input
@@ -68,9 +80,15 @@ _HTTP_CODES = {
 }
 
 
+def validation_message(error: dict[str, Any]) -> str:
+    """A pydantic error's message without pydantic's "Value error, " prefix (the
+    validators' own messages say what is wrong)."""
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")
+
+
 def _field_message(error: dict[str, Any]) -> str:
     where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
-    return f"{where}: {error.get('msg', 'invalid')}"
+    return f"{where}: {error['msg']}"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -83,7 +101,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": validation_message(e), "type": e.get("type")}
+            for e in exc.errors()
+        ]
         detail = "; ".join(_field_message(e) for e in errors) or "invalid request"
         return error_response(422, "invalid_request", detail, errors=errors)
 
@@ -94,6 +115,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.headers:
             response.headers.update(exc.headers)
         return response
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, exc: ClientDisconnect) -> Response:
+        # nobody will read this answer; its status tells the metrics what happened
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

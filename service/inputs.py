@@ -14,16 +14,19 @@ import binascii
 import copy
 import json
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from .errors import ApiError
+from .errors import ApiError, validation_message
+from .text import find_unencodable, text_problem
 
 M = TypeVar("M", bound=BaseModel)
 
 MAX_FORM_FIELD_BYTES = 1024 * 1024
+MAX_FORM_FIELDS = 64
 
 
 async def read_body(
@@ -37,7 +40,8 @@ async def read_body(
     """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        return await _read_form(request, model, image_field)
+        urlencoded = content_type == "application/x-www-form-urlencoded"
+        return await _read_form(request, model, image_field, urlencoded)
     if content_type in ("application/json", ""):
         return await _read_json(request, model)
     raise ApiError(
@@ -49,30 +53,70 @@ async def read_body(
 
 
 async def _read_form(
-    request: Request, model: type[M], image_field: str | None
+    request: Request, model: type[M], image_field: str | None, urlencoded: bool
 ) -> tuple[M, bytes | None]:
-    form = await request.form(max_files=1, max_fields=64, max_part_size=MAX_FORM_FIELD_BYTES)
+    if urlencoded:
+        return _form_values(model, image_field, _parse_urlencoded(await request.body()))
+    form = await request.form(
+        max_files=1, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FORM_FIELD_BYTES
+    )
     try:
-        values: dict[str, Any] = {}
-        image: bytes | None = None
+        fields: list[tuple[str, str | bytes]] = []
         for name, value in form.multi_items():
             if isinstance(value, UploadFile):
                 if name != image_field:
                     raise ApiError(422, "invalid_request", f"unexpected file field {name!r}")
-                image = await value.read()
-            elif name == image_field:
-                raise ApiError(
-                    422, "invalid_request", f"{name!r} must be a file part, not a text field"
-                )
-            elif name in values:
-                raise ApiError(422, "invalid_request", f"field {name!r} is given twice")
+                fields.append((name, await value.read()))
             else:
-                values[name] = value
-        if "metadata" in values and "metadata" in model.model_fields:
-            values["metadata"] = _json_field(values["metadata"], "metadata")
-        return _validate(model, values), image
+                fields.append((name, value))
+        return _form_values(model, image_field, fields)
     finally:
         await form.close()
+
+
+def _parse_urlencoded(body: bytes) -> list[tuple[str, str]]:
+    """A urlencoded body as (name, value) pairs; unlike the lenient parsers, bytes that
+    are not UTF-8 (a percent-encoded surrogate, say) are refused, not replaced."""
+    try:
+        return parse_qsl(
+            body.decode("ascii"),
+            keep_blank_values=True,
+            strict_parsing=False,
+            encoding="utf-8",
+            errors="strict",
+            max_num_fields=MAX_FORM_FIELDS,
+        )
+    except UnicodeDecodeError:
+        raise ApiError(
+            422, "invalid_text", "the urlencoded body holds bytes that are not UTF-8 text"
+        ) from None
+    except ValueError as exc:  # too many fields
+        raise ApiError(422, "invalid_request", f"the urlencoded body: {exc}") from None
+
+
+def _form_values(
+    model: type[M], image_field: str | None, fields: list[tuple[str, str | bytes]]
+) -> tuple[M, bytes | None]:
+    """Form fields -> `model` and the image; a file part is the only bytes value."""
+    values: dict[str, Any] = {}
+    image: bytes | None = None
+    for name, value in fields:
+        if isinstance(value, bytes):
+            image = value
+        elif name == image_field:
+            raise ApiError(
+                422, "invalid_request", f"{name!r} must be a file part, not a text field"
+            )
+        elif name in values:
+            raise ApiError(422, "invalid_request", f"field {name!r} is given twice")
+        else:
+            problem = text_problem(name) or text_problem(value)
+            if problem:
+                raise ApiError(422, "invalid_text", f"form field {name!r}: {problem}")
+            values[name] = value
+    if "metadata" in values and "metadata" in model.model_fields:
+        values["metadata"] = _json_field(values["metadata"], "metadata")
+    return _validate(model, values), image
 
 
 async def _read_json(request: Request, model: type[M]) -> tuple[M, bytes | None]:
@@ -85,6 +129,9 @@ async def _read_json(request: Request, model: type[M]) -> tuple[M, bytes | None]
         raise ApiError(400, "invalid_json", f"the body is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", "the JSON body must be an object")
+    problem = find_unencodable(data)
+    if problem:
+        raise ApiError(422, "invalid_text", problem)
     parsed = _validate(model, data)
     encoded = getattr(parsed, "image_base64", None)
     return parsed, (decode_base64(encoded, "image_base64") if encoded is not None else None)
@@ -113,7 +160,10 @@ def _validate(model: type[M], values: dict[str, Any]) -> M:
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        errors = [
+            {"loc": list(e["loc"]), "msg": validation_message(e), "type": e["type"]}
+            for e in exc.errors()
+        ]
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors)
         raise ApiError(422, "invalid_request", detail) from None
 

@@ -53,6 +53,12 @@ class ServiceMetrics:
             ["route", "status"],
             registry=r,
         )
+        self.disconnects = Counter(
+            "vitrieval_client_disconnects",
+            "requests whose client hung up before the answer (not server errors)",
+            ["route"],
+            registry=r,
+        )
         self.latency = Histogram(
             "vitrieval_request_duration_seconds",
             "HTTP request latency",
@@ -84,6 +90,9 @@ class ServiceMetrics:
         self.latency.labels(route).observe(seconds)
         if status >= 400:
             self.errors.labels(route, str(status)).inc()
+
+    def observe_disconnect(self, route: str) -> None:
+        self.disconnects.labels(route).inc()
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage.labels(stage).observe(seconds)

@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .text import (
+    MAX_KEY_LENGTH,
+    MAX_LABEL_LENGTH,
+    checked_key,
+    checked_label,
+    checked_lookup_key,
+    find_unencodable,
+)
 
 MAX_K = 1000
 MAX_VECTOR_LENGTH = 4096
 MAX_METADATA_BYTES = 64 * 1024
 MAX_METADATA_DEPTH = 16
-KEY_PATTERN = r"^[^\x00-\x1f\x7f]{1,512}$"  # printable, 1-512 characters
+# no control characters, 1-512 characters (the schema's half of `text.checked_key`)
+KEY_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f]{{1,{MAX_KEY_LENGTH}}}$"
+
+ItemKey = Annotated[str, Field(pattern=KEY_PATTERN), AfterValidator(checked_key)]
+"""A key to store: text without control characters, not ending in a sub-route."""
+LookupKey = Annotated[str, AfterValidator(checked_lookup_key)]
+Label = Annotated[str, Field(max_length=MAX_LABEL_LENGTH), AfterValidator(checked_label)]
 
 
 class Strict(BaseModel):
@@ -23,9 +38,9 @@ class SearchRequest(Strict):
     indexed item's `key`, or a raw `vector`."""
 
     k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
-    label: str | None = Field(None, description="only return items with this label")
+    label: Label | None = Field(None, description="only return items with this label")
     image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
-    key: str | None = Field(None, description="query with this indexed item's vector")
+    key: LookupKey | None = Field(None, description="query with this indexed item's vector")
     vector: list[float] | None = Field(
         None, max_length=MAX_VECTOR_LENGTH, description="query with this vector"
     )
@@ -63,8 +78,8 @@ class ItemCreate(Strict):
     """An item to add: its key, optional label and metadata, and either the image
     (multipart `image` or `image_base64`) or a `vector`."""
 
-    key: str = Field(pattern=KEY_PATTERN)
-    label: str | None = Field(None, max_length=512)
+    key: ItemKey
+    label: Label | None = None
     metadata: dict[str, Any] | None = Field(
         None, description=f"a JSON object, at most {MAX_METADATA_BYTES // 1024} KiB"
     )
@@ -83,6 +98,9 @@ class ItemCreate(Strict):
             return None
         if _depth(value) > MAX_METADATA_DEPTH:
             raise ValueError(f"metadata nests deeper than {MAX_METADATA_DEPTH} levels")
+        problem = find_unencodable(value, "metadata")
+        if problem:
+            raise ValueError(problem)
         try:
             encoded = json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
         except (ValueError, TypeError, UnicodeEncodeError) as exc:
@@ -110,7 +128,7 @@ class ItemDeleted(BaseModel):
 
 
 class LabelledQuery(Strict):
-    label: str
+    label: Label
     image_base64: str | None = None
     vector: list[float] | None = Field(None, max_length=MAX_VECTOR_LENGTH)
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from index.images import DEFAULT_MAX_PIXELS
+
 MIN_KEY_LENGTH = 12
 
 
@@ -65,10 +67,30 @@ class Settings(BaseSettings):
 
     # limits
     max_body_bytes: int = Field(20 * 2**20, ge=1024, description="larger requests get 413")
-    max_pixels: int = Field(40_000_000, ge=1, description="larger images get 413")
+    max_pixels: int = Field(
+        DEFAULT_MAX_PIXELS, ge=1, description="larger images (width x height) get 413"
+    )
+    decode_memory_bytes: int = Field(
+        512 * 2**20,
+        ge=2**20,
+        description="memory all image decodes in flight may hold together; an image that "
+        "needs more alone gets 413, others wait for their share",
+    )
     max_k: int = Field(1000, ge=1, le=1000, description="largest k a search may ask for")
     max_concurrency: int = Field(
-        512, ge=1, description="connections and requests at once; more get 503 at once"
+        512, ge=1, description="requests in flight; more get 503 at once (probes exempt)"
+    )
+    upload_slots: int = Field(
+        32, ge=1, description="requests whose body is still arriving; more get 503 at once"
+    )
+    max_body_memory_bytes: int = Field(
+        256 * 2**20,
+        ge=1024,
+        description="request bodies held in memory at once (their Content-Length summed); "
+        "a request that would pass it gets 503 at once",
+    )
+    body_timeout_s: float = Field(
+        5.0, gt=0, description="a body that has not fully arrived after this gets 408"
     )
     request_timeout_s: float = Field(30.0, gt=0, description="slower requests get 503")
     max_evaluate_items: int = Field(
@@ -92,6 +114,15 @@ class Settings(BaseSettings):
         if key is not None and len(key.get_secret_value().strip()) < MIN_KEY_LENGTH:
             raise ValueError(f"API keys must be at least {MIN_KEY_LENGTH} characters")
         return key
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        if self.max_body_memory_bytes < self.max_body_bytes:
+            raise ValueError(
+                "max_body_memory_bytes must be at least max_body_bytes, or no request of "
+                "the largest size could ever be accepted"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_mutations(self) -> Settings:

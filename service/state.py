@@ -18,6 +18,7 @@ from PIL import Image
 
 from index.atomic import atomic_write_bytes, fsync_dir
 from index.embedder import Embedder
+from index.images import DecodeBudget, DecodeBudgetBusy
 from index.store import IndexStore
 
 from .batching import DynamicBatcher
@@ -58,6 +59,7 @@ class ServiceState:
     metrics: ServiceMetrics
     batcher: DynamicBatcher
     decode_pool: ThreadPoolExecutor
+    decode_budget: DecodeBudget
     self_check: dict[str, Any] = field(default_factory=dict)
     ready: bool = False
     started: float = field(default_factory=time.time)
@@ -109,6 +111,9 @@ class ServiceState:
             decode_pool=ThreadPoolExecutor(
                 settings.decode_threads, thread_name_prefix="vitrieval-decode"
             ),
+            decode_budget=DecodeBudget(
+                settings.decode_memory_bytes, wait_s=min(10.0, settings.request_timeout_s)
+            ),
         )
         try:
             state.self_check = state._self_check()
@@ -138,7 +143,13 @@ class ServiceState:
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
-            image = await loop.run_in_executor(self.decode_pool, self.embedder.prepare, data)
+            image = await loop.run_in_executor(
+                self.decode_pool, self.embedder.prepare, data, self.decode_budget
+            )
+        except DecodeBudgetBusy as exc:
+            raise ApiError(
+                503, "overloaded", f"{exc}; retry shortly", {"Retry-After": "1"}
+            ) from None
         except (MemoryError, RuntimeError):
             raise  # the server's trouble (memory, a pool shut down), not the image's
         except Exception as exc:  # hostile files make PIL plugins raise assorted types

@@ -70,7 +70,8 @@ class Server:
         raise TimeoutError(f"server not ready after {timeout}s: {self.output()}")
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return Path(self.log.name).read_text()
 
     def kill(self) -> None:

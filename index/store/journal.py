@@ -285,8 +285,8 @@ class Journal:
         if checksum is None or expected != checksum:
             raise JournalIntegrityError(
                 f"{self.path}: journal row {seq} fails its checksum (altered after it was "
-                "written); nothing was replayed or served. To recover, see 'A damaged "
-                "journal' in docs/index.md"
+                "written); the index was not opened, nothing was served or saved. To "
+                "recover, see 'a damaged journal' in docs/index.md"
             )
 
     def truncate(self, upto: int) -> None:

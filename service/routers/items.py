@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from PIL import Image
+from pydantic import AfterValidator
 
 from index.images import open_image
 from index.store import KeyExistsError, StoreError
@@ -27,6 +28,7 @@ from ..errors import ApiError, error_responses
 from ..inputs import IMAGE_PART, openapi_body, read_body
 from ..schemas import KEY_PATTERN, ItemCreate, ItemDeleted, ItemOut, ItemWritten
 from ..state import Timings
+from ..text import checked_lookup_key
 
 router = APIRouter(prefix="/v1/items", tags=["items"])
 
@@ -37,7 +39,11 @@ _ITEM_FORM = {
     "metadata": {"type": "string", "description": "a JSON object"},
     "replace": {"type": "boolean", "default": False},
 }
-KeyPath = Annotated[str, PathParam(description="the item's key (slashes allowed)")]
+KeyPath = Annotated[
+    str,
+    PathParam(description="the item's key (slashes allowed)"),
+    AfterValidator(checked_lookup_key),
+]
 
 
 @router.post(
