@@ -148,13 +148,26 @@ def quantize_model(
         dst=dst,
         source_fingerprint=meta.fingerprint,
         fingerprint=fingerprint,
-        bytes_before=src.stat().st_size,
+        bytes_before=model_bytes(src),
         bytes_after=bytes_after,
         mean_cosine=float(cosines.mean()),
         min_cosine=float(cosines.min()),
         n_check_images=len(images),
         check_source="given" if check_images is not None else "random",
     )
+
+
+def model_bytes(path: str | Path) -> int:
+    """Size of an ONNX model on disk: the file plus the external data files it names."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    path = Path(path)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    tensors = [*graph.initializer]
+    tensors += [a.t for node in graph.node for a in node.attribute if a.HasField("t")]
+    locations = {ExternalDataInfo(t).location for t in tensors if uses_external_data(t)}
+    return path.stat().st_size + sum((path.parent / name).stat().st_size for name in locations)
 
 
 def random_check_images(count: int = N_RANDOM_CHECK_IMAGES, seed: int = 0) -> list[Image.Image]:

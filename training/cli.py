@@ -11,6 +11,7 @@ import contextlib
 import logging
 import shutil
 import sys
+import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -195,18 +196,75 @@ def _without_name(stage: dict) -> dict:
     return {k: v for k, v in stage.items() if k != "name"}
 
 
+EXPORT_MODEL_FIELDS = (
+    "backbone",
+    "pool",
+    "dim",
+    "pretrained",
+    "seed",
+    "pool_p",
+    "pool_groups",
+    "pool_dim",
+    "pool_out_dim",
+    "pool_codebook",
+    "pool_rank",
+)
+"""The FitConfig fields `export --init-only` takes: what builds the model, no training."""
+
+
 def _export(args: argparse.Namespace) -> int:
-    from .export import ExportError, export_run
+    given = [name for name in EXPORT_MODEL_FIELDS if getattr(args, name, None) is not None]
+    if bool(args.run) == bool(args.init_only):
+        raise ConfigError(
+            "give exactly one of --run RUN (a trained run) and --init-only (a model built "
+            "from --backbone, --pool, --dim, --pretrained and --seed)"
+        )
+    if args.run and given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"{flags}: options of --init-only; a --run exports as it was trained")
+
+    from .export import ExportError, export_init_only, export_run
 
     try:
-        report = export_run(
-            Path(args.run), Path(args.out), opset=args.opset, check=not args.no_check
-        )
+        if args.run:
+            report = export_run(
+                Path(args.run), Path(args.out), opset=args.opset, check=not args.no_check
+            )
+        else:
+            cfg = _init_only_config(args, given)
+            report, taken = export_init_only(
+                cfg, Path(args.out), opset=args.opset, check=not args.no_check
+            )
+            print(_init_only_note(cfg, taken))
     except ExportError as exc:
         print(f"vitrieval-train export: error: {exc}", file=sys.stderr)
         return 2
     print(report.summary())
     return 0
+
+
+def _init_only_config(args: argparse.Namespace, given: list[str]) -> FitConfig:
+    """`--init-only`: a FitConfig of the model flags (the rest at fit's defaults)."""
+    cfg = FitConfig(out="", **{name: getattr(args, name) for name in given})
+    for name in ("dim", "pool_groups", "pool_dim", "pool_out_dim", "pool_codebook", "pool_rank"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    cfg._check_pool_options()
+    if cfg.pretrained and cfg.pretrained != "timm" and not Path(cfg.pretrained).is_file():
+        raise ConfigError(f"--pretrained {cfg.pretrained}: no such file")
+    return cfg
+
+
+def _init_only_note(cfg: FitConfig, taken: list[str]) -> str:
+    if not cfg.pretrained:
+        return f"{cfg.backbone} + {cfg.pool}: random initialisation, seed {cfg.seed}"
+    head = (
+        f", head from the file too ({', '.join(taken)})"
+        if taken
+        else f"; head initialised with seed {cfg.seed}"
+    )
+    return f"{cfg.backbone} + {cfg.pool}: backbone weights from {cfg.pretrained}{head}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,16 +303,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser(
         "export",
-        help="export a run to a self-describing ONNX model",
-        description="Export a trained run to ONNX (input `images`, output `embeddings`, "
-        "vitrieval.* metadata) and check ONNX Runtime against PyTorch.",
+        help="export a run, or an untrained model, to a self-describing ONNX model",
+        description="Export a trained run (--run), or a model built without training "
+        "(--init-only: seeded random weights, or backbone weights from --pretrained), to "
+        "ONNX (input `images`, output `embeddings`, vitrieval.* metadata) and check ONNX "
+        "Runtime against PyTorch. Weights over 1.8 GB go to NAME.onnx.data beside the file.",
     )
-    export.add_argument("--run", required=True, help="run folder written by `fit` or `pretrain`")
+    export.add_argument("--run", help="run folder written by `fit` or `pretrain`")
+    export.add_argument(
+        "--init-only",
+        action="store_true",
+        help="export without training: the model the options below describe",
+    )
     export.add_argument("--out", required=True, help="path of the .onnx file to write")
     export.add_argument("--opset", type=int, default=18, help="ONNX opset (default: 18)")
     export.add_argument(
         "--no-check", action="store_true", help="skip the ONNX Runtime parity check"
     )
+    _add_model_arguments(export.add_argument_group("--init-only model (fit's options)"))
     export.set_defaults(handler=_export)
 
     from .analyze import add_analyze_parser
@@ -265,6 +331,26 @@ def build_parser() -> argparse.ArgumentParser:
         # after the command too; SUPPRESS keeps a flag given before it
         _global_options(command, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_model_arguments(group: argparse._ArgumentGroup) -> None:
+    """fit's flags for the fields in EXPORT_MODEL_FIELDS, with fit's help texts."""
+    hints = typing.get_type_hints(FitConfig)
+    for f in fields(FitConfig):
+        if f.name not in EXPORT_MODEL_FIELDS:
+            continue
+        base = next(
+            a for a in typing.get_args(hints[f.name]) or (hints[f.name],) if a is not type(None)
+        )
+        default = "" if f.default in (None, "") else f" (default: {f.default})"
+        group.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            *f.metadata.get("flags", ()),
+            dest=f.name,
+            type=base,
+            default=None,
+            help=f.metadata.get("help", "") + default,
+        )
 
 
 def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
