@@ -21,7 +21,7 @@ from .errors import document_error_body, install_error_handlers
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
-from .routers import evaluate, health, items, search, web
+from .routers import docs, evaluate, health, items, search, web
 from .settings import Settings, get_settings
 from .state import ServiceState
 
@@ -68,12 +68,16 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
         version=__version__,
         summary="Find similar images: search, embed, manage items and evaluate retrieval.",
         lifespan=lifespan,
+        # served by routers/docs.py from local assets: FastAPI's pages load a CDN
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     install_error_handlers(app)
     document_error_body(app)
-    for router in (search.router, items.router, evaluate.router, health.router, web.router):
+    routers = (search, items, evaluate, health, web, docs)
+    for router in (module.router for module in routers):
         app.include_router(router)
     # outermost last: metrics see every response, 413s and timeouts included
     app.add_middleware(

@@ -48,18 +48,21 @@ class ApiError(Exception):
         self.status, self.code, self.detail, self.headers = status, code, detail, headers
 
 
-def image_error(exc: Exception) -> ApiError:
-    """The API error for an image that failed to decode (see index.images)."""
+def image_error(exc: Exception, name: str = "the image") -> ApiError:
+    """The API error for an image that failed to decode (see index.images); the message
+    calls the image `name` (the uploaded file's name, say)."""
+    # index.images names an in-memory image "<bytes>"
+    detail = str(exc).replace("<bytes>", name, 1)
     if isinstance(exc, ImageTooLargeError):
-        return ApiError(413, "image_too_large", str(exc))
+        return ApiError(413, "image_too_large", detail)
     if isinstance(exc, UnsupportedFormatError):
-        return ApiError(415, "unsupported_image_format", str(exc))
+        return ApiError(415, "unsupported_image_format", detail)
     if isinstance(exc, ImageShapeError):
-        return ApiError(422, "unsupported_image_shape", str(exc))
+        return ApiError(422, "unsupported_image_shape", detail)
     if isinstance(exc, ImageDecodeError):
-        return ApiError(422, "corrupt_image", str(exc))
+        return ApiError(422, "corrupt_image", detail)
     # hostile files can make PIL plugins raise odd types; still the client's input
-    return ApiError(422, "corrupt_image", f"cannot decode image ({type(exc).__name__})")
+    return ApiError(422, "corrupt_image", f"{name}: cannot decode image ({type(exc).__name__})")
 
 
 def error_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:

@@ -13,6 +13,7 @@ import base64
 import binascii
 import copy
 import json
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -25,14 +26,24 @@ from .text import find_unencodable, text_problem
 
 M = TypeVar("M", bound=BaseModel)
 
+
+@dataclass(frozen=True)
+class ImageUpload:
+    """An image a request carried: its bytes and the name errors call it by (the
+    uploaded file's name when it is printable, else the field it came in)."""
+
+    data: bytes
+    name: str
+
+
 MAX_FORM_FIELD_BYTES = 1024 * 1024
 MAX_FORM_FIELDS = 64
 
 
 async def read_body(
     request: Request, model: type[M], *, image_field: str | None = "image"
-) -> tuple[M, bytes | None]:
-    """Parse the request into `model` and the image bytes (None when none was sent).
+) -> tuple[M, ImageUpload | None]:
+    """Parse the request into `model` and the image (None when none was sent).
 
     Multipart: form fields validate into `model`; `image_field` must be a file part.
     JSON: the object validates into `model`; its `image_base64` (if the model has
@@ -54,19 +65,19 @@ async def read_body(
 
 async def _read_form(
     request: Request, model: type[M], image_field: str | None, urlencoded: bool
-) -> tuple[M, bytes | None]:
+) -> tuple[M, ImageUpload | None]:
     if urlencoded:
         return _form_values(model, image_field, _parse_urlencoded(await request.body()))
     form = await request.form(
         max_files=1, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FORM_FIELD_BYTES
     )
     try:
-        fields: list[tuple[str, str | bytes]] = []
+        fields: list[tuple[str, str | ImageUpload]] = []
         for name, value in form.multi_items():
             if isinstance(value, UploadFile):
                 if name != image_field:
                     raise ApiError(422, "invalid_request", f"unexpected file field {name!r}")
-                fields.append((name, await value.read()))
+                fields.append((name, ImageUpload(await value.read(), _upload_name(value, name))))
             else:
                 fields.append((name, value))
         return _form_values(model, image_field, fields)
@@ -94,14 +105,22 @@ def _parse_urlencoded(body: bytes) -> list[tuple[str, str]]:
         raise ApiError(422, "invalid_request", f"the urlencoded body: {exc}") from None
 
 
+def _upload_name(upload: UploadFile, field: str) -> str:
+    """How errors name an uploaded file: its name when it is printable text."""
+    name = upload.filename or ""
+    if not name or len(name) > 200 or text_problem(name, controls=True):
+        return f"the {field!r} upload"
+    return repr(name)
+
+
 def _form_values(
-    model: type[M], image_field: str | None, fields: list[tuple[str, str | bytes]]
-) -> tuple[M, bytes | None]:
-    """Form fields -> `model` and the image; a file part is the only bytes value."""
+    model: type[M], image_field: str | None, fields: list[tuple[str, str | ImageUpload]]
+) -> tuple[M, ImageUpload | None]:
+    """Form fields -> `model` and the image; a file part is the only non-text value."""
     values: dict[str, Any] = {}
-    image: bytes | None = None
+    image: ImageUpload | None = None
     for name, value in fields:
-        if isinstance(value, bytes):
+        if isinstance(value, ImageUpload):
             image = value
         elif name == image_field:
             raise ApiError(
@@ -119,7 +138,7 @@ def _form_values(
     return _validate(model, values), image
 
 
-async def _read_json(request: Request, model: type[M]) -> tuple[M, bytes | None]:
+async def _read_json(request: Request, model: type[M]) -> tuple[M, ImageUpload | None]:
     raw = await request.body()
     if not raw:
         raise ApiError(422, "invalid_request", "the request body is empty")
@@ -134,7 +153,9 @@ async def _read_json(request: Request, model: type[M]) -> tuple[M, bytes | None]
         raise ApiError(422, "invalid_text", problem)
     parsed = _validate(model, data)
     encoded = getattr(parsed, "image_base64", None)
-    return parsed, (decode_base64(encoded, "image_base64") if encoded is not None else None)
+    if encoded is None:
+        return parsed, None
+    return parsed, ImageUpload(decode_base64(encoded, "image_base64"), "image_base64")
 
 
 def decode_base64(text: str, field: str) -> bytes:

@@ -23,6 +23,7 @@ from index.store import IndexStore
 
 from .batching import DynamicBatcher
 from .errors import ApiError, image_error
+from .inputs import ImageUpload
 from .metrics import ServiceMetrics
 from .settings import Settings
 
@@ -138,8 +139,9 @@ class ServiceState:
 
     # -- the query pipeline --------------------------------------------------------------
 
-    async def decode(self, data: bytes, timings: Timings) -> np.ndarray:
-        """Encoded image -> preprocessed float32 (3, S, S), in the decode pool."""
+    async def decode(self, data: bytes, timings: Timings, name: str = "the image") -> np.ndarray:
+        """Encoded image -> preprocessed float32 (3, S, S), in the decode pool; errors
+        call the image `name`."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
@@ -153,7 +155,7 @@ class ServiceState:
         except (MemoryError, RuntimeError):
             raise  # the server's trouble (memory, a pool shut down), not the image's
         except Exception as exc:  # hostile files make PIL plugins raise assorted types
-            raise image_error(exc) from None
+            raise image_error(exc, name) from None
         timings.decode = _elapsed_ms(started)
         self.metrics.observe_stage("decode", timings.decode / 1000)
         return image
@@ -165,9 +167,14 @@ class ServiceState:
         self.metrics.observe_stage("embed", timings.embed / 1000)
         return vector
 
-    async def embed_bytes(self, data: bytes, timings: Timings) -> np.ndarray:
+    async def embed_bytes(
+        self, data: bytes, timings: Timings, name: str = "the image"
+    ) -> np.ndarray:
         """Encoded image -> float32 (D,) unit vector, through decode pool and batcher."""
-        return await self.embed(await self.decode(data, timings), timings)
+        return await self.embed(await self.decode(data, timings, name), timings)
+
+    async def embed_upload(self, upload: ImageUpload, timings: Timings) -> np.ndarray:
+        return await self.embed_bytes(upload.data, timings, upload.name)
 
     def save_upload(self, data: bytes) -> tuple[Path | None, bool]:
         """Keep an image added through the API (for thumbnails), named by its content

@@ -552,3 +552,44 @@ def test_slow_requests_get_503_with_retry_after() -> None:
         assert response.status_code == 503 and response.json()["code"] == "timeout"
         assert response.headers["retry-after"] == "1"
         assert c.get("/fast").json() == {"ok": True}
+
+
+# -- docs pages, favicon, messages that name what went wrong -----------------------------------
+
+
+def test_docs_pages_load_their_assets_from_the_service(client) -> None:
+    import re
+
+    for page in ("/docs", "/redoc"):
+        html = client.get(page).text
+        assert not re.findall(r"(?:src|href)=['\"]https?://", html), page
+        for asset in re.findall(r"(?:src|href)=['\"](/docs/assets/[^'\"]+)", html):
+            got = client.get(asset)
+            assert got.status_code == 200 and len(got.content) > 10_000, asset
+    assert client.get("/docs/assets/../../settings.py").status_code == 404
+    assert client.get("/docs/assets/secret.js").json()["code"] == "not_found"
+    favicon = client.get("/favicon.ico")
+    assert favicon.status_code == 200 and favicon.headers["content-type"] == "image/svg+xml"
+    metrics = client.get("/metrics").text
+    assert 'route="/docs"' in metrics and 'route="/favicon.ico"' in metrics
+    assert 'vitrieval_requests_total{method="GET",route="unmatched",status="200"}' not in metrics
+
+
+def test_a_conflicting_add_says_what_to_do_once(client) -> None:
+    item = {"key": "twice", "vector": [1.0] + [0.0] * 127}
+    assert client.post("/v1/items", json=item, headers=AUTH).status_code == 201
+    again = client.post("/v1/items", json=item, headers=AUTH)
+    assert again.status_code == 409
+    assert again.json()["detail"] == (
+        "an item with key 'twice' exists; send replace=true to overwrite it"
+    )
+
+
+def test_image_errors_name_the_uploaded_file(client) -> None:
+    response = client.post("/v1/search", **upload(b"not an image at all", name="holiday.jpg"))
+    assert response.status_code == 415
+    assert response.json()["detail"].startswith("'holiday.jpg': not a recognised image file")
+    unnamed = client.post("/v1/search", **upload(b"not an image", name="\x1b[2Jx.png"))
+    assert unnamed.json()["detail"].startswith("the 'image' upload: ")
+    encoded = client.post("/v1/search", json={"image_base64": base64.b64encode(b"xx").decode()})
+    assert encoded.json()["detail"].startswith("image_base64: ")

@@ -179,3 +179,46 @@ def test_not_an_image_shows_error(
     _wait(browser, lambda d: "error" in (status.get_attribute("class") or ""), "no error shown")
     assert re.match(r"4\d\d: \S", status.text), status.text
     assert _hits(browser) == []
+
+
+def test_read_only_page_hides_the_key_field_and_searches_more_like_a_hit(
+    browser, server: str, query: dict[str, str]
+) -> None:
+    _open_page(browser, server)
+    assert not browser.find_element("id", "keybox").is_displayed()  # nothing to unlock
+    _upload(browser, query["path"])
+    _wait(browser, lambda d: len(_hits(d)) > 1, "no results appeared in #results")
+    second = _hits(browser)[1]
+    clicked_key = second.get_attribute("data-key")
+    assert clicked_key != query["key"]
+    second.click()
+    # the item's own vector is the query now, the item itself left out of its hits
+    _wait(
+        browser,
+        lambda d: _hits(d) and clicked_key not in [h.get_attribute("data-key") for h in _hits(d)],
+        "clicking a hit did not search for more like it",
+    )
+    assert f"more like {clicked_key}" in browser.find_element("id", "drop-text").text
+    assert "error" not in (browser.find_element("id", "status").get_attribute("class") or "")
+
+
+def test_api_docs_render_offline(browser, server: str) -> None:
+    """/docs loads Swagger UI from the server itself: no external host in the HTML
+    (this machine has no network either), and the operations are listed."""
+    import httpx
+
+    html = httpx.get(server + "/docs").text
+    hosts = set(re.findall(r"(?:src|href)=['\"](https?://[^/'\"]+)", html))
+    assert hosts == set(), hosts
+    browser.get(server + "/docs")
+    _wait(
+        browser,
+        lambda d: len(d.find_elements("css selector", ".opblock")) >= 8,
+        "Swagger UI did not list the operations",
+    )
+    paths = {e.text for e in browser.find_elements("css selector", ".opblock-summary-path")}
+    assert {"/v1/search", "/v1/items", "/v1/evaluate"} <= paths, paths
+    shot = Path(server.replace("http://", "").replace(":", "_") + "-docs.png")
+    shot = Path("/tmp") / shot.name
+    assert browser.save_screenshot(str(shot))
+    print(f"screenshot of /docs: {shot}")

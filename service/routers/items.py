@@ -60,8 +60,8 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
     if (image is None) == (item.vector is None):
         raise ApiError(422, "invalid_request", "give exactly one of: an image, or a vector")
     if image is not None:
-        vector = await state.embed_bytes(image, Timings())
-        path, created = await asyncio.to_thread(state.save_upload, image)
+        vector = await state.embed_upload(image, Timings())
+        path, created = await asyncio.to_thread(state.save_upload, image.data)
     else:
         vector, path, created = state.check_vector(item.vector), None, False
     metadata = item.metadata or {}
@@ -79,7 +79,7 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
     except StoreError as exc:
         if created:  # nobody refers to the upload: do not leave it behind
             path.unlink(missing_ok=True)
-        raise _store_error(exc) from None
+        raise _store_error(exc, item.key) from None
     return ItemWritten(
         key=item.key,
         label=item.label,
@@ -148,15 +148,17 @@ async def delete_item(key: KeyPath, state: ServiceDep) -> ItemDeleted:
     try:
         removed = await asyncio.to_thread(state.store.remove, [key])
     except StoreError as exc:
-        raise _store_error(exc) from None
+        raise _store_error(exc, key) from None
     if not removed:
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")
     return ItemDeleted(key=key, deleted=True)
 
 
-def _store_error(exc: StoreError) -> ApiError:
+def _store_error(exc: StoreError, key: str) -> ApiError:
     if isinstance(exc, KeyExistsError):
-        return ApiError(409, "key_exists", f"{exc}; send replace=true to overwrite")
+        return ApiError(
+            409, "key_exists", f"an item with key {key!r} exists; send replace=true to overwrite it"
+        )
     if isinstance(exc, JournalWriteError):  # a full or failing disk: nothing was stored
         return ApiError(503, "storage_unavailable", str(exc))
     return ApiError(409, "index_refused", str(exc))  # e.g. an IVF index not trained yet

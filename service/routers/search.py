@@ -44,7 +44,7 @@ async def search(request: Request, state: ServiceDep) -> SearchResponse:
     exclude: list[str] = []
     if image is not None:
         kind = "image"
-        vector = await state.embed_bytes(image, timings)
+        vector = await state.embed_upload(image, timings)
     elif query.key is not None:
         kind = "key"
         record = await asyncio.to_thread(state.store.get, query.key)
@@ -97,7 +97,7 @@ async def embed(request: Request, state: ServiceDep) -> EmbedResponse:
             "send the image as the multipart field 'image' or as 'image_base64' in JSON",
         )
     timings = Timings()
-    vector = await state.embed_bytes(image, timings)
+    vector = await state.embed_upload(image, timings)
     return EmbedResponse(
         embedding=vector.astype(float).tolist(),
         dim=int(vector.shape[0]),
