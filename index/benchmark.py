@@ -11,7 +11,8 @@ against the gallery. A dataset name uses its held-out split as the gallery
 (leave-one-out), the standard protocol for CUB, Cars and SOP. Copy detection
 (`run_copy_detection`): a folder of photos is the gallery (plus distractors), edited
 copies of each photo (`index.copy_detection`) are the queries, and each query's one
-relevant item is its original (`index.metrics.target_ranks`).
+relevant item is its original (`index.metrics.target_ranks`); with `relevant="label"`
+the photos sharing its original's label (versions of one design) are relevant too.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ import numpy as np
 from .atomic import atomic_write_text
 from .copy_detection import DEFAULT_PER_IMAGE, KINDS, copy_queries, describe
 from .datasets import DatasetError, Item
-from .embedder import Embedder
-from .metrics import retrieval_metrics, target_metrics, target_ranks
+from .embedder import Embedder, EmbedResult
+from .metrics import query_metrics, retrieval_metrics, target_metrics, target_ranks
 from .store import IndexStore
 
 DEFAULT_KS = (1, 2, 4, 8)
+RELEVANT_MODES = ("original", "label")
+"""Copy detection: what a copy's relevant gallery items are (`run_copy_detection`)."""
 SOP_KS = (1, 10, 100, 1000)
 FIDELITY_K = 10
 
@@ -161,6 +164,7 @@ def run_copy_detection(
     ks: Sequence[int] = DEFAULT_KS,
     factory: str = "Flat",
     name: str = "",
+    relevant: str = "original",
 ) -> dict:
     """Copy-detection benchmark: `photos` + `distractors` are the gallery (in that
     order), `per_image` edited copies of every readable photo are the queries.
@@ -170,7 +174,14 @@ def run_copy_detection(
     Photos or distractors that cannot be decoded are left out and listed under
     `unreadable`; no copies are made of an unreadable photo. `kinds` forces every
     copy's edits (None: the random composition of `index.copy_detection`).
+
+    `relevant="original"`: a copy's one relevant item is its original. `"label"`: every
+    photo with its original's `label` is relevant too (versions of one design in one
+    folder), scored with `index.metrics.query_metrics`; a photo without a label is its
+    own design, and distractors are never relevant.
     """
+    if relevant not in RELEVANT_MODES:
+        raise ValueError(f"relevant must be one of {RELEVANT_MODES}; got {relevant!r}")
     gallery = [*photos, *distractors]
     started = time.perf_counter()
     embedded = embedder.embed_items(gallery, progress=True)
@@ -195,16 +206,18 @@ def run_copy_detection(
     if not made.indices:
         raise DatasetError(f"no copy could be made (first: {made.errors[0][1]})")
     targets = np.repeat([row_of[p] for p in originals], per_image)[made.indices]
-    ranks = target_ranks(made.embeddings, embedded.embeddings, targets)
-    scores = target_metrics(ranks, ks)
-
-    by_kind = {}
     query_kinds = [queries[pos].kinds for pos in made.indices]
-    for kind in KINDS:
-        mask = np.array([kind in chosen for chosen in query_kinds])
-        if mask.any():
-            part = target_metrics(ranks[mask], (1,))
-            by_kind[kind] = {k: part[k] for k in ("n_queries", "recall@1", "map")}
+    if relevant == "label":
+        scores, by_kind = _label_scores(embedded, made.embeddings, targets, photos, query_kinds, ks)
+    else:
+        ranks = target_ranks(made.embeddings, embedded.embeddings, targets)
+        scores = target_metrics(ranks, ks)
+        by_kind = {}
+        for kind in KINDS:
+            mask = np.array([kind in chosen for chosen in query_kinds])
+            if mask.any():
+                part = target_metrics(ranks[mask], (1,))
+                by_kind[kind] = {k: part[k] for k in ("n_queries", "recall@1", "map")}
 
     n_distractors = sum(1 for pos in embedded.indices if pos >= len(photos))
     report: dict = {
@@ -214,6 +227,7 @@ def run_copy_detection(
         "dim": embedder.dim,
         "seed": seed,
         "queries_per_image": per_image,
+        "relevant": relevant,
         "n_originals": len(originals),
         "n_distractors": n_distractors,
         "n_gallery": len(embedded.indices),
@@ -231,6 +245,49 @@ def run_copy_detection(
         unreadable=unreadable,
     )
     return report
+
+
+def _label_scores(
+    embedded: EmbedResult,
+    query_vectors: np.ndarray,
+    targets: np.ndarray,
+    photos: Sequence[Item],
+    query_kinds: list[tuple[str, ...]],
+    ks: Sequence[int],
+) -> tuple[dict, dict]:
+    """Copy-detection metrics with every gallery photo of the original's label relevant:
+    (scores, by_kind). Gallery rows get a class per label; a photo without a label, and
+    every distractor, a class of its own."""
+    classes: dict[object, int] = {}
+    gallery_classes = []
+    for pos in embedded.indices:
+        label = photos[pos].label if pos < len(photos) else None
+        own = ("label", label) if label is not None else ("item", pos)
+        gallery_classes.append(classes.setdefault(own, len(classes)))
+    gallery_classes = np.asarray(gallery_classes, dtype=np.int64)
+    per_query = query_metrics(
+        query_vectors,
+        gallery_classes[targets],
+        ks,
+        gallery_embeddings=embedded.embeddings,
+        gallery_labels=gallery_classes,
+    )
+    # the original is always in the gallery, so no query is dropped
+    summary = per_query.summary()
+    scores = {k: v for k, v in summary.items() if k not in ("n_queries", "n_dropped")}
+    scores["median_rank"] = float(np.median(per_query.first_rank))
+    scores["n_queries"] = summary["n_queries"]
+    scores["n_labels"] = len(set(gallery_classes[targets].tolist()))
+    by_kind = {}
+    for kind in KINDS:
+        mask = np.array([kind in chosen for chosen in query_kinds])
+        if mask.any():
+            by_kind[kind] = {
+                "n_queries": int(mask.sum()),
+                "recall@1": float(np.mean(per_query.first_rank[mask] == 1)),
+                "map": float(np.mean(per_query.ap[mask])),
+            }
+    return scores, by_kind
 
 
 def write_report(report: dict, out: Path) -> None:

@@ -308,7 +308,6 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
         "--queries": args.queries,
         "--dataset": args.dataset,
         "--data-root": args.data_root,
-        "--labels-from-folders": args.labels_from_folders or None,
     }
     clash = [flag for flag, value in others.items() if value is not None]
     if clash:
@@ -321,7 +320,7 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
         raise DatasetError(f"--queries-per-image must be at least 1, got {per_image}")
     if args.seed < 0:
         raise DatasetError(f"--seed must be >= 0 for --copy-detection, got {args.seed}")
-    photos = read_photos(args.copy_detection)
+    photos = read_photos(args.copy_detection, labels_from_folders=args.labels_from_folders)
     distractors = []
     for folder in args.distractors or []:
         distractors += read_photos(folder, "--distractors")
@@ -341,6 +340,7 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
         ks=tuple(args.ks) if args.ks else DEFAULT_KS,
         factory=args.factory,
         name=f"copy-detection:{args.copy_detection}",
+        relevant="label" if args.labels_from_folders else "original",
     )
     out = Path(args.out)
     write_report(report, out)
@@ -354,10 +354,15 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
             f"  with {kind:<7} recall@1 {part['recall@1']:.4f}  map {part['map']:.4f}  "
             f"({part['n_queries']} queries)"
         )
+    siblings = (
+        f" (a photo of the original's folder counts as found; {report['n_labels']} labels)"
+        if args.labels_from_folders
+        else ""
+    )
     print(
         f"copy detection: {report['n_queries']} copies of {report['n_originals']} photos "
         f"against {report['n_gallery']} gallery images: recall@1 {report['recall@1']:.4f}, "
-        f"map {report['map']:.4f}; report written to {out / 'report.json'}"
+        f"map {report['map']:.4f}{siblings}; report written to {out / 'report.json'}"
     )
     return 0
 
@@ -459,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--labels-from-folders",
         action="store_true",
-        help="--gallery/--queries folders: label = top folder name",
+        help="--gallery/--queries folders: label = top folder name; --copy-detection: "
+        "photos in the original's top folder (other versions of it) count as found too",
     )
     bench.add_argument(
         "--copy-detection",

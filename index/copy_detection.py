@@ -5,8 +5,9 @@ original of an edited copy (a crop, a re-save, a filter) among a gallery of phot
 the task behind duplicate and copyright search. There is no labelled data to find:
 each photo below DIR (walked recursively, the `index.sources` image-file rule) is a
 gallery item, and `per_image` copies of it, made here, are the queries whose one
-relevant item is that photo. Optional distractor photos join the gallery and are
-nobody's original.
+relevant item is that photo (with `--labels-from-folders`, every photo of its folder:
+`index.benchmark.run_copy_detection`). Optional distractor photos join the gallery
+and are nobody's original.
 
 Edits (Pillow + numpy), always applied in this order when chosen:
 
@@ -274,15 +275,19 @@ def copy_queries(
     return queries
 
 
-def read_photos(root: str | Path, what: str = "--copy-detection") -> list[Item]:
+def read_photos(
+    root: str | Path, what: str = "--copy-detection", labels_from_folders: bool = False
+) -> list[Item]:
     """Every image file below `root` (recursive, hidden files skipped), sorted; keys are
-    paths relative to `root`. A missing folder or one without images is an error."""
+    paths relative to `root`, labels (with `labels_from_folders`) the first folder below
+    `root`, as `build --labels-from-folders` gives them (None for a file directly in
+    `root`). A missing folder or one without images is an error."""
     root = Path(root)
     if not root.exists():
         raise DatasetError(f"{what} folder not found: {root}")
     if not root.is_dir():
         raise DatasetError(f"{what} {root} is not a folder")
-    photos = walk_images(root)
+    photos = walk_images(root, labels_from_folders)
     if not photos:
         raise DatasetError(
             f"{what} {root} holds no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})"

@@ -85,12 +85,20 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from .isotropy import isotropy_score
 
-__all__ = ["isotropy_score", "retrieval_metrics", "target_metrics", "target_ranks"]
+__all__ = [
+    "QueryMetrics",
+    "isotropy_score",
+    "query_metrics",
+    "retrieval_metrics",
+    "target_metrics",
+    "target_ranks",
+]
 
 # Above this many relevant items tied with some other item in one row, rank the
 # row with a stable argsort instead of counting equal scores item by item.
@@ -178,6 +186,49 @@ def _relevant_ranks(row: np.ndarray, rel: np.ndarray) -> np.ndarray:
     return np.sort(ranks)
 
 
+@dataclass(frozen=True)
+class QueryMetrics:
+    """Per-query values behind `retrieval_metrics`, for means over any subset of queries.
+
+    ``first_rank`` (rank of the best relevant item), ``hits_at_k`` (relevant items in
+    the top K, one column per K of ``ks``), ``ap``, ``map_at_r``, ``r_precision``, and
+    ``counted`` (False for a dropped query: no relevant item; its values are 0).
+    """
+
+    ks: tuple[int, ...]
+    first_rank: np.ndarray
+    hits_at_k: np.ndarray
+    ap: np.ndarray
+    map_at_r: np.ndarray
+    r_precision: np.ndarray
+    counted: np.ndarray
+
+    def summary(self, mask: np.ndarray | None = None) -> dict[str, float | int]:
+        """`retrieval_metrics`' dict over the queries in `mask` (None: all of them)."""
+        selected = np.ones_like(self.counted) if mask is None else np.asarray(mask, dtype=bool)
+        counted = self.counted & selected
+        n_counted = int(counted.sum())
+        out: dict[str, float | int] = {}
+        if n_counted == 0:
+            nan = math.nan
+            for k in self.ks:
+                out[f"recall@{k}"] = nan
+            for k in self.ks:
+                out[f"precision@{k}"] = nan
+            out.update(map=nan, map_at_r=nan, r_precision=nan)
+        else:
+            for k in self.ks:
+                out[f"recall@{k}"] = float(np.mean(self.first_rank[counted] <= k))
+            for col, k in enumerate(self.ks):
+                out[f"precision@{k}"] = float(np.mean(self.hits_at_k[counted, col] / k))
+            out["map"] = float(np.mean(self.ap[counted]))
+            out["map_at_r"] = float(np.mean(self.map_at_r[counted]))
+            out["r_precision"] = float(np.mean(self.r_precision[counted]))
+        out["n_queries"] = n_counted
+        out["n_dropped"] = int(selected.sum()) - n_counted
+        return out
+
+
 def retrieval_metrics(
     embeddings: np.ndarray,
     labels: Sequence | np.ndarray,
@@ -213,6 +264,26 @@ def retrieval_metrics(
             without labels (or labels without a gallery), ks that are not positive
             ints, or a chunk_size that is not a positive int.
     """
+    return query_metrics(
+        embeddings,
+        labels,
+        ks,
+        gallery_embeddings=gallery_embeddings,
+        gallery_labels=gallery_labels,
+        chunk_size=chunk_size,
+    ).summary()
+
+
+def query_metrics(
+    embeddings: np.ndarray,
+    labels: Sequence | np.ndarray,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    *,
+    gallery_embeddings: np.ndarray | None = None,
+    gallery_labels: Sequence | np.ndarray | None = None,
+    chunk_size: int = 1024,
+) -> QueryMetrics:
+    """`retrieval_metrics` per query, before averaging: same arguments and errors."""
     k_list = _check_ks(ks)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
         raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
@@ -296,26 +367,15 @@ def retrieval_metrics(
             r_prec[i] = in_top_r / n_rel
             map_r[i] = precision_at_hits[:in_top_r].sum() / n_rel
 
-    n_counted = int(counted.sum())
-    out: dict[str, float | int] = {}
-    if n_counted == 0:
-        nan = math.nan
-        for k in k_list:
-            out[f"recall@{k}"] = nan
-        for k in k_list:
-            out[f"precision@{k}"] = nan
-        out.update(map=nan, map_at_r=nan, r_precision=nan)
-    else:
-        for k in k_list:
-            out[f"recall@{k}"] = float(np.mean(first_rank[counted] <= k))
-        for col, k in enumerate(k_list):
-            out[f"precision@{k}"] = float(np.mean(hits_at_k[counted, col] / k))
-        out["map"] = float(np.mean(ap[counted]))
-        out["map_at_r"] = float(np.mean(map_r[counted]))
-        out["r_precision"] = float(np.mean(r_prec[counted]))
-    out["n_queries"] = n_counted
-    out["n_dropped"] = n_q - n_counted
-    return out
+    return QueryMetrics(
+        ks=tuple(k_list),
+        first_rank=first_rank,
+        hits_at_k=hits_at_k,
+        ap=ap,
+        map_at_r=map_r,
+        r_precision=r_prec,
+        counted=counted,
+    )
 
 
 def target_ranks(

@@ -372,3 +372,181 @@ def test_bench_options_checked_before_embedding(
     code, _, err = run(capsys, *(names.get(str(a), a) for a in argv))
     assert code == 2 and needle in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# --- label-aware copy detection (--labels-from-folders) ---------------------------
+
+
+class _VectorEmbedder:
+    """Stands in for `Embedder`: a photo embeds to `vectors[key]`, a copy of it to
+    `copies[key]` (or the photo's vector), so the ranking is known by hand."""
+
+    fingerprint = "stub"
+
+    def __init__(self, vectors: dict[str, list[float]], copies: dict | None = None):
+        self.vectors = {k: np.asarray(v, dtype=np.float32) for k, v in vectors.items()}
+        self.copies = {k: np.asarray(v, dtype=np.float32) for k, v in (copies or {}).items()}
+        self.dim = len(next(iter(self.vectors.values())))
+
+    def embed_items(self, items, *, progress=False):
+        from index.copy_detection import CopyQuery
+        from index.embedder import EmbedResult
+
+        rows = []
+        for item in items:
+            if isinstance(item, CopyQuery):
+                rows.append(self.copies.get(item.source, self.vectors[item.source]))
+            else:
+                rows.append(self.vectors[item.key])
+        return EmbedResult(np.stack(rows), list(range(len(items))), [])
+
+
+def _photo(key: str, labelled: bool = True) -> Item:
+    label = key.split("/")[0] if labelled and "/" in key else None
+    return Item(key=key, label=label, path=Path("/nowhere") / key)
+
+
+def test_label_mode_counts_another_version_of_the_design():
+    """Hand-computed: design/a.png and design/b.png are two versions of one design.
+    The copy of a ranks b (0.936), the distractor e (0.8), d (0.576), then a (0.28):
+    a miss at rank 4 by default, a hit in label mode (b is relevant too). The copy of d
+    (no label) ranks b (1.0), e (0.96), a (0.6), then d (0.48): a miss in both modes."""
+    from index.benchmark import run_copy_detection
+
+    vectors = {
+        "d.png": [0, 0.6, 0.8],  # directly in DIR: no label, its own design
+        "design/a.png": [1, 0, 0],
+        "design/b.png": [0.6, 0.8, 0],
+        "other/c.png": [0, 0, 1],
+        "e.png": [0.8, 0.6, 0],  # a distractor: never relevant
+    }
+    copies = {"d.png": [0.6, 0.8, 0], "design/a.png": [0.28, 0.96, 0]}
+    embedder = _VectorEmbedder(vectors, copies)
+    photos = [_photo(k) for k in ("d.png", "design/a.png", "design/b.png", "other/c.png")]
+    distractors = [_photo("e.png")]
+    common = dict(per_image=1, kinds=(), ks=(1, 2, 4))
+
+    plain = run_copy_detection(embedder, photos, distractors, **common)
+    # ranks of the original: d 4, a 4, b 1, c 1
+    assert plain["relevant"] == "original"
+    assert plain["recall@1"] == 0.5 and plain["recall@2"] == 0.5 and plain["recall@4"] == 1.0
+    assert plain["map"] == pytest.approx((1 / 4 + 1 / 4 + 1 + 1) / 4)
+    assert plain["median_rank"] == 2.5
+
+    labelled = run_copy_detection(embedder, photos, distractors, relevant="label", **common)
+    # first relevant rank: d 4 (unlabelled: b is no sibling of it), a 1 (b), b 1, c 1.
+    # AP: d 1/4; a: b at 1, a at 4 -> (1/1 + 2/4) / 2; b: b at 1, a at 3 (after e)
+    # -> (1/1 + 2/3) / 2; c 1
+    assert labelled["relevant"] == "label" and labelled["n_labels"] == 3
+    assert labelled["recall@1"] == 0.75 and labelled["recall@2"] == 0.75
+    assert labelled["recall@4"] == 1.0
+    assert labelled["map"] == pytest.approx((1 / 4 + 0.75 + 5 / 6 + 1) / 4)
+    assert labelled["median_rank"] == 1.0 and labelled["n_queries"] == 4
+    # precision@2: d 0, a 1 (b), b 1 (b), c 1 (c) of 2 each; R-precision (R = 1 or 2):
+    # d 0, a 1/2 (b of {a, b} in the top 2), b 1/2, c 1
+    assert labelled["precision@2"] == pytest.approx((0 + 0.5 + 0.5 + 0.5) / 4)
+    assert labelled["r_precision"] == pytest.approx((0 + 0.5 + 0.5 + 1) / 4)
+
+    # without labels (every photo its own design) the label mode is the default mode
+    bare = [_photo(p.key, labelled=False) for p in photos]
+    same = run_copy_detection(embedder, bare, distractors, relevant="label", **common)
+    for key in ("recall@1", "recall@2", "recall@4", "map", "median_rank"):
+        assert same[key] == pytest.approx(plain[key]), key
+    with pytest.raises(ValueError, match="relevant"):
+        run_copy_detection(embedder, photos, relevant="folder", **common)
+
+
+def _naive_label_metrics(queries, gallery, query_class, gallery_class, ks):
+    """Full stable sort per query (score descending, then gallery index), then every
+    metric from the list of relevant positions."""
+    out = {f"recall@{k}": [] for k in ks} | {f"precision@{k}": [] for k in ks}
+    out |= {"map": [], "map_at_r": [], "r_precision": [], "first": []}
+    for q, c in zip(queries.astype(np.float64), query_class, strict=True):
+        scores = (gallery.astype(np.float32) @ q.astype(np.float32)).astype(np.float64)
+        order = np.lexsort((np.arange(len(gallery)), -scores))
+        hits = gallery_class[order] == c
+        ranks = np.flatnonzero(hits) + 1
+        n_rel = len(ranks)
+        precision = np.arange(1, n_rel + 1) / ranks
+        for k in ks:
+            out[f"recall@{k}"].append(float(ranks[0] <= k))
+            out[f"precision@{k}"].append(hits[:k].sum() / k)
+        out["map"].append(precision.mean())
+        out["map_at_r"].append(precision[ranks <= n_rel].sum() / n_rel)
+        out["r_precision"].append(hits[:n_rel].sum() / n_rel)
+        out["first"].append(ranks[0])
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def test_label_mode_matches_a_naive_full_sort():
+    from index.benchmark import run_copy_detection
+
+    rng = np.random.default_rng(1)
+    step = 2.0**-3  # coarse steps: exact score ties between items
+    keys = [f"root{i}.png" for i in range(2)]
+    keys += [f"design{d}/v{v}.png" for d in range(4) for v in range(3)]
+    vectors, copies = {}, {}
+    for key in [*keys, "x0.png", "x1.png", "x2.png"]:
+        v = np.round(rng.standard_normal(6) / step) * step
+        vectors[key] = v / np.linalg.norm(v)
+    vectors["design3/v2.png"] = vectors["design3/v0.png"]  # identical versions: a tie
+    for key in keys:
+        # copies keyed by photo: all copies of one photo share the vector (per_image 3)
+        noisy = vectors[key] + np.round(rng.standard_normal(6) * 0.6 / step) * step
+        copies[key] = noisy / np.linalg.norm(noisy)
+    embedder = _VectorEmbedder(vectors, copies)
+    photos = [_photo(k) for k in keys]
+    distractors = [_photo(k, labelled=False) for k in ("x0.png", "x1.png", "x2.png")]
+    ks = (1, 2, 4, 8)
+    report = run_copy_detection(embedder, photos, distractors, per_image=3, ks=ks, relevant="label")
+
+    gallery = np.stack([embedder.vectors[k] for k in [*keys, "x0.png", "x1.png", "x2.png"]])
+    classes = {key: key.split("/")[0] if "/" in key else key for key in keys}
+    gallery_class = np.array([*(classes[k] for k in keys), "#x0", "#x1", "#x2"])
+    query_keys = [k for k in keys for _ in range(3)]
+    queries = np.stack([embedder.copies[k] for k in query_keys])
+    naive = _naive_label_metrics(
+        queries, gallery, [classes[k] for k in query_keys], gallery_class, ks
+    )
+    for name in [
+        *(f"recall@{k}" for k in ks),
+        *(f"precision@{k}" for k in ks),
+        "map",
+        "map_at_r",
+        "r_precision",
+    ]:
+        assert report[name] == pytest.approx(naive[name].mean(), abs=1e-12), name
+    assert report["median_rank"] == float(np.median(naive["first"]))
+    assert report["n_queries"] == 3 * len(keys) and report["n_labels"] == 6
+    assert 0 < report["recall@1"] < 1  # the case is not trivial
+    assert (
+        report["recall@1"]
+        > run_copy_detection(embedder, photos, distractors, per_image=3, ks=ks)["recall@1"]
+    )
+    # by edit kind: the same per-query values, averaged over the copies with that kind
+    copy_kinds = [q.kinds for q in copy_queries(photos, 3, 0)]
+    for kind, part in report["by_transform"].items():
+        mask = np.array([kind in chosen for chosen in copy_kinds])
+        assert part["n_queries"] == mask.sum()
+        assert part["recall@1"] == pytest.approx(np.mean(naive["first"][mask] == 1), abs=1e-12)
+        assert part["map"] == pytest.approx(naive["map"][mask].mean(), abs=1e-12)
+
+
+def test_cli_labels_from_folders(tmp_path, capsys, photo_dir, tiny_onnx):
+    """sub/chelsea.jpg and sub/deeper/rocket.jpg share the label `sub`: a copy of one
+    finding the other counts in label mode, so recall@K can only rise."""
+    reports = {}
+    for mode, extra in (("original", []), ("label", ["--labels-from-folders"])):
+        out = tmp_path / mode
+        argv = ("bench", "--model", tiny_onnx, "--copy-detection", photo_dir, "--out", out)
+        code, stdout, err = run(capsys, *argv, "--queries-per-image", "2", *extra)
+        assert code == 0, err
+        reports[mode] = json.loads((out / "report.json").read_text())
+        assert reports[mode]["relevant"] == mode
+    assert "a photo of the original's folder counts as found; 4 labels" in stdout
+    labelled, plain = reports["label"], reports["original"]
+    assert labelled["n_labels"] == 4 and labelled["n_queries"] == plain["n_queries"] == 10
+    for k in (1, 2, 4, 8):
+        assert labelled[f"recall@{k}"] >= plain[f"recall@{k}"]
+    assert labelled["median_rank"] <= plain["median_rank"]
+    assert "map_at_r" in labelled and "map_at_r" not in plain
