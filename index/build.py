@@ -10,6 +10,10 @@
   (`OUT/build_report.json`), and the build still succeeds;
 - factories that need training (IVF, PQ) are trained on the embeddings of the whole
   list before anything is added.
+
+`build_from_embeddings` is `vitrieval-index build --embeddings`: the same index from
+an embeddings folder (`index.embeddings`) in bounded memory, for catalogues whose
+vectors do not fit in RAM at once.
 """
 
 from __future__ import annotations
@@ -17,16 +21,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from tqdm import tqdm
 
 from .atomic import atomic_write_text
 from .datasets import Item
 from .embedder import Embedder, EmbedResult
-from .factory import MAX_TRAINING_VECTORS
+from .factory import MAX_TRAINING_VECTORS, training_sample_size
 from .store import IndexStore, StoreError
+
+if TYPE_CHECKING:  # pyarrow is imported only by builds from an embeddings folder
+    from .embeddings import EmbeddingBatch, EmbeddingsFolder
 
 REPORT_FILE = "build_report.json"
 
@@ -133,3 +142,78 @@ def build_index(
     report.index_size = len(store)
     atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
     return report
+
+
+def build_from_embeddings(
+    folder: EmbeddingsFolder,
+    out: Path,
+    store: IndexStore,
+    *,
+    save_every: int = 1_000_000,
+    batch_size: int = 8192,
+    progress: bool = True,
+) -> BuildReport:
+    """Add every row of `folder` to `store` (the index in `out`, opened or created for
+    the folder's model); returns what happened.
+
+    Memory stays bounded whatever the folder's size: one Parquet batch of at most
+    `batch_size` rows at a time, the training sample, and 8 bytes per row for the
+    duplicate-key check. The steps:
+
+    1. keys are checked to be unique across all parts (a pass over the key column);
+    2. when the factory needs training and the store is untrained, a uniform sample of
+       `training_sample_size(factory)` vectors is drawn in one streaming pass
+       (reservoir sampling, seed 0) and the quantiser is trained on it;
+    3. the parts are added batch by batch, in file order, with a save every
+       `save_every` vectors, so that a stopped build keeps what it saved and a re-run
+       skips the keys already in the index.
+    """
+    started = time.perf_counter()
+    report = BuildReport(total=folder.count)
+    folder.check_unique_keys(batch_size)
+    if folder.count and store.needs_training():
+        store.train(folder.sample(training_sample_size(store.factory), batch_size))
+    resuming = len(store) > 0
+    since_save = 0
+    # progress on a terminal only: a batch job's log gets the summary line alone
+    bar = tqdm(total=folder.count, unit="vec", disable=None if progress else True)
+    try:
+        for batch in folder.iter_batches(batch_size):
+            bar.update(len(batch.keys))
+            keep = [i for i, key in enumerate(batch.keys) if key not in store] if resuming else None
+            if keep is not None and len(keep) < len(batch.keys):
+                report.already_present += len(batch.keys) - len(keep)
+                batch = _rows(batch, keep)
+            if batch.keys:
+                store.add(
+                    batch.keys,
+                    batch.embeddings,
+                    labels=batch.labels,
+                    paths=batch.paths,
+                    metadata=batch.metadata,
+                )
+                report.indexed += len(batch.keys)
+                since_save += len(batch.keys)
+            if since_save >= save_every:
+                store.save()
+                since_save = 0
+    finally:
+        bar.close()
+    store.save()
+    report.seconds = time.perf_counter() - started
+    report.images_per_s = report.indexed / report.seconds if report.seconds else 0.0
+    report.index_size = len(store)
+    atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
+    return report
+
+
+def _rows(batch: EmbeddingBatch, keep: list[int]) -> EmbeddingBatch:
+    """The rows `keep` of a batch."""
+    return replace(
+        batch,
+        keys=[batch.keys[i] for i in keep],
+        embeddings=batch.embeddings[keep],
+        labels=[batch.labels[i] for i in keep],
+        paths=[batch.paths[i] for i in keep],
+        metadata=[batch.metadata[i] for i in keep],
+    )

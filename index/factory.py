@@ -191,3 +191,13 @@ def choose_factory(n: int, dim: int, memory_budget: int | None = None) -> Factor
         f"{format_bytes(budget)}: the smallest, {smallest.factory}, needs about "
         f"{format_bytes(smallest.memory_bytes)}"
     )
+
+
+def training_sample_size(factory: str) -> int:
+    """How many vectors to train `factory` on: `MAX_TRAINING_VECTORS`, or more where its
+    k-means needs them, `MIN_POINTS_PER_LIST` per centroid (IVF lists, PQ codes of
+    2^nbits centroids per sub-vector). A build from an embeddings folder draws a
+    sample of this size in one streaming pass."""
+    centroids = [int(n) for n in re.findall(r"IVF(\d+)", factory)]
+    centroids += [2 ** int(bits or 8) for bits in re.findall(r"PQ\d+(?:x(\d+))?", factory)]
+    return max([MAX_TRAINING_VECTORS] + [MIN_POINTS_PER_LIST * k for k in centroids])

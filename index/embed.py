@@ -1,0 +1,291 @@
+"""`vitrieval-index embed`: embed a list of images into an embeddings folder, part by part.
+
+The folder's format is `index.embeddings`. The job cuts the image list (a folder walk
+or a CSV, read as `build --images` reads it) into parts of `part_size` images; part i
+holds the readable images among inputs [i * part_size, (i + 1) * part_size) and is
+written as `part-0000i.parquet` atomically. After each part, `errors.csv` (path,
+reason, key and part of every unreadable file) and then `embeddings.json` (the commit
+point) are replaced atomically; `embeddings.json` records each finished part's input
+range and a SHA-256 of the keys and labels of its inputs.
+
+Resuming: run the same command again. Parts recorded in `embeddings.json` whose file
+is there are kept and skipped; the first unrecorded part is embedded again (a kill
+loses at most one part). The inputs are checked first: if a finished part's range of
+the list now holds other keys or labels, or the model or `--part-size` differ, the
+run stops with one line before anything is written. `complete` turns true when every
+part is done; until then `build --embeddings` refuses the folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from .atomic import atomic_write_text
+from .datasets import Item
+from .embedder import Embedder
+from .embeddings import (
+    ERRORS_FILE,
+    FORMAT,
+    META_FILE,
+    VERSION,
+    EmbeddingsError,
+    list_parts,
+    part_name,
+    read_meta,
+    write_meta,
+    write_part,
+)
+
+DEFAULT_PART_SIZE = 50_000
+"""Images per part: a part's vectors are held in memory until it is written (50,000
+768-d float32 vectors: 150 MB), and a kill loses at most one part."""
+ERROR_COLUMNS = ("path", "reason", "key", "part")
+_PART_NAME = re.compile(r"part-(\d{5})\.parquet")
+
+
+@dataclass
+class EmbedReport:
+    inputs: int = 0
+    parts: int = 0
+    embedded: int = 0  # rows written by this run
+    parts_done_before: int = 0
+    rows_done_before: int = 0
+    count: int = 0  # rows in the folder
+    unreadable: int = 0  # unreadable inputs, over every part
+    failed: list[dict] = field(default_factory=list)  # this run's unreadable inputs
+    seconds: float = 0.0
+
+    def summary(self, out: Path) -> str:
+        notes = ""
+        if self.parts_done_before:
+            notes += f", {self.rows_done_before} in {self.parts_done_before} part(s) already done"
+        if self.unreadable:
+            notes += f", {self.unreadable} unreadable skipped (see {out / ERRORS_FILE})"
+        rate = self.embedded / self.seconds if self.seconds else 0.0
+        return (
+            f"embedded {self.embedded} of {self.inputs} images{notes} in {self.seconds:.1f}s "
+            f"({rate:.0f} img/s); {out} holds {self.count} embeddings in {self.parts} part(s)"
+        )
+
+
+def inputs_checksum(items: Sequence[Item]) -> str:
+    """SHA-256 of the keys and labels of `items`, in order: what a part was made from."""
+    digest = hashlib.sha256()
+    for item in items:
+        label = "\x00" if item.label is None else "=" + item.label
+        digest.update(f"{item.key}\x00{label}\n".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def embed_to_folder(
+    items: Sequence[Item],
+    out: Path,
+    embedder: Embedder,
+    *,
+    part_size: int | None = None,
+    source: str | None = None,
+    progress: bool = True,
+) -> EmbedReport:
+    """Embed `items` into the embeddings folder `out`, resuming a run that stopped."""
+    started = time.perf_counter()
+    out = Path(out)
+    if part_size is not None and part_size < 1:
+        raise EmbeddingsError(f"--part-size must be at least 1, got {part_size}")
+    meta = _start(out, embedder, part_size, source)
+    size: int = meta["part_size"]
+    ranges = [(start, min(start + size, len(items))) for start in range(0, len(items), size)]
+    done = _check_done(out, meta, items, ranges)
+    meta["inputs"] = len(items)
+    report = EmbedReport(inputs=len(items), parts=len(ranges))
+    errors = _read_errors(out)
+    skip = {name for name in done if (out / name).is_file()}
+    # one bar for the whole list, on a terminal only (a batch job's log gets the summary)
+    bar = tqdm(total=len(items), unit="img", disable=None if progress else True)
+    bar.update(sum(done[name]["stop"] - done[name]["start"] for name in skip))
+    try:
+        _embed_parts(out, items, ranges, embedder, meta, done, skip, errors, report, bar)
+    finally:
+        bar.close()
+    meta["complete"] = True
+    _record(meta, done)
+    write_meta(out, meta)
+    _remove_leftovers(out, done)
+    report.count = meta["count"]
+    report.unreadable = meta["unreadable"]
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _embed_parts(
+    out: Path,
+    items: Sequence[Item],
+    ranges: list[tuple[int, int]],
+    embedder: Embedder,
+    meta: dict,
+    done: dict[str, dict],
+    skip: set[str],
+    errors: list[dict],
+    report: EmbedReport,
+    bar: tqdm,
+) -> None:
+    """Embed and commit every part not in `skip`, in order."""
+    for number, (start, stop) in enumerate(ranges):
+        name = part_name(number)
+        if name in skip:
+            report.parts_done_before += 1
+            report.rows_done_before += done[name]["rows"]
+            continue
+        chunk = items[start:stop]
+        keys: list[str] = []
+        labels: list[str | None] = []
+        paths: list[str | None] = []
+        vectors: list[np.ndarray] = []
+        failed: list[dict] = []
+        for result in embedder.iter_items(chunk):
+            bar.update(len(result.indices) + len(result.errors))
+            for position in result.indices:
+                item = chunk[position]
+                keys.append(item.key)
+                labels.append(item.label)
+                paths.append(str(item.path) if item.path else None)
+            vectors.append(result.embeddings)
+            for position, reason in result.errors:
+                item = chunk[position]
+                failed.append(
+                    {"path": str(item.path or ""), "reason": reason, "key": item.key, "part": name}
+                )
+        matrix = np.concatenate(vectors) if vectors else np.zeros((0, embedder.dim), np.float32)
+        write_part(out / name, keys, matrix, labels=labels, paths=paths)
+        errors = [row for row in errors if row["part"] != name] + failed
+        _write_errors(out, errors)
+        done[name] = {
+            "file": name,
+            "start": start,
+            "stop": stop,
+            "inputs_sha256": inputs_checksum(chunk),
+            "rows": len(keys),
+            "unreadable": len(failed),
+        }
+        _record(meta, done)
+        write_meta(out, meta)  # the commit point of this part
+        report.embedded += len(keys)
+        report.failed += failed
+
+
+def _start(out: Path, embedder: Embedder, part_size: int | None, source: str | None) -> dict:
+    """The folder's embeddings.json: the one a previous run left, checked against this
+    run, or a new one (written at once, so the folder is known as an embed's)."""
+    model = str(embedder.model_path.resolve())
+    if (out / META_FILE).is_file():
+        meta = read_meta(out)
+        if meta.get("format") != FORMAT or not isinstance(meta.get("part_size"), int):
+            raise EmbeddingsError(
+                f"{out} holds embeddings that `vitrieval-index embed` did not write; "
+                "embed into a new --out"
+            )
+        if meta["model_fingerprint"] != embedder.fingerprint:
+            raise EmbeddingsError(
+                f"{out} was started with model fingerprint {meta['model_fingerprint'][:12]} "
+                f"({meta.get('model')}), --model has {embedder.fingerprint[:12]}: embed into a "
+                "new --out, or resume with the model it was started with"
+            )
+        if meta["dim"] != embedder.dim:
+            raise EmbeddingsError(f"{out} holds {meta['dim']}-d embeddings, not {embedder.dim}-d")
+        if part_size is not None and part_size != meta["part_size"]:
+            raise EmbeddingsError(
+                f"{out} was started with --part-size {meta['part_size']}, not {part_size}: "
+                f"resume with --part-size {meta['part_size']} (or without it), or embed into "
+                "a new --out"
+            )
+        meta["model"] = model
+        return meta
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise EmbeddingsError(
+            f"{out} exists and is not an embeddings folder (no {META_FILE}); "
+            "embed into a new or empty folder"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "dim": embedder.dim,
+        "model_fingerprint": embedder.fingerprint,
+        "model": model,
+        "source": source,
+        "part_size": part_size or DEFAULT_PART_SIZE,
+        "inputs": None,
+        "count": 0,
+        "unreadable": 0,
+        "complete": False,
+        "parts": [],
+    }
+    write_meta(out, meta)
+    return meta
+
+
+def _check_done(
+    out: Path, meta: dict, items: Sequence[Item], ranges: list[tuple[int, int]]
+) -> dict[str, dict]:
+    """The finished parts, by file name, once each is checked to hold the inputs now at
+    its position in the list."""
+    done: dict[str, dict] = {}
+    for entry in meta.get("parts") or []:
+        match = _PART_NAME.fullmatch(str(entry.get("file")))
+        number = int(match.group(1)) if match else -1
+        expected = ranges[number] if 0 <= number < len(ranges) else None
+        recorded = (entry.get("start"), entry.get("stop"))
+        if (
+            expected is None
+            or recorded != expected
+            or entry.get("inputs_sha256") != inputs_checksum(items[slice(*expected)])
+        ):
+            raise EmbeddingsError(
+                f"{out / str(entry.get('file'))} was embedded from inputs {recorded[0]} to "
+                f"{recorded[1]} of another list: the images changed since "
+                f"(now {len(items)}); embed into a new --out, or delete {out} to start over"
+            )
+        done[entry["file"]] = entry
+    return done
+
+
+def _record(meta: dict, done: dict[str, dict]) -> None:
+    meta["parts"] = [done[name] for name in sorted(done)]
+    meta["count"] = sum(entry["rows"] for entry in done.values())
+    meta["unreadable"] = sum(entry["unreadable"] for entry in done.values())
+
+
+def _read_errors(out: Path) -> list[dict]:
+    path = out / ERRORS_FILE
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as fh:
+        return [dict(row) for row in csv.DictReader(fh)]
+
+
+def _write_errors(out: Path, errors: list[dict]) -> None:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=ERROR_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(errors)
+    atomic_write_text(out / ERRORS_FILE, text.getvalue())
+
+
+def _remove_leftovers(out: Path, done: dict[str, dict]) -> None:
+    """Parts a stopped run renamed but never recorded (beyond today's list), and the
+    temporary files of writes a kill interrupted."""
+    for path in list_parts(out):
+        if _PART_NAME.fullmatch(path.name) and path.name not in done:
+            path.unlink(missing_ok=True)
+    for path in out.glob(".*.tmp"):
+        path.unlink(missing_ok=True)
