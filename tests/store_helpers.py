@@ -69,6 +69,12 @@ def build(
     return store
 
 
+def faiss_rows(store: IndexStore) -> int:
+    """Vectors held by the FAISS indexes of all the store's segments (tombstoned ones
+    included): what a compaction shrinks."""
+    return sum(segment.vectors.ntotal for segment in store._segments())
+
+
 def flip_byte(path: Path, offset: int) -> None:
     """Invert one byte of a file in place (damage a checksum would catch)."""
     data = bytearray(path.read_bytes())

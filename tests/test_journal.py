@@ -163,6 +163,8 @@ def test_sigkill_keeps_every_acknowledged_mutation(saved_index) -> None:
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert child.returncode == -signal.SIGKILL
+    # what the child printed before the kill and nobody read yet was acknowledged too
+    acked.extend(line.strip() for line in child.stdout.read().splitlines())
     added = {line.split()[1] for line in acked if line.startswith("added")}
     removed = {line.split()[1] for line in acked if line.startswith("removed")}
     store = IndexStore.open(directory)

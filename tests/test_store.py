@@ -15,6 +15,7 @@ from store_helpers import (  # tests/store_helpers.py
     as_pairs,
     brute_force,
     build,
+    faiss_rows,
     exact_vectors,
     flip_byte,
     unit_vectors,
@@ -141,7 +142,7 @@ def test_label_filter_without_selector_support(tmp_path: Path) -> None:
     filtered = store.search(queries, 10, label="c2")
     for full_row, row in zip(everything, filtered, strict=True):
         assert row == [h for h in full_row if h.label == "c2"][:10]
-    assert store._vectors.selector_works() is False
+    assert all(not s.vectors.selector_works() for s in store._segments() if s.live_count)
 
 
 def test_exclude_keys_and_small_stores(tmp_path: Path) -> None:
@@ -190,7 +191,7 @@ def test_remove_survives_save_and_compact_equals_fresh_build(tmp_path: Path, fac
     if "IVF" in factory:
         fresh.set_search_params(nprobe=16)
     reopened.compact()
-    assert reopened.info()["deleted"] == 0 and reopened._vectors.ntotal == 285
+    assert reopened.info()["deleted"] == 0 and faiss_rows(reopened) == 285
     assert reopened.search(queries, 10) == fresh.search(queries, 10)
     assert as_pairs(reopened.search(queries, 10)) == brute_force(queries, x, 10, keep)
 
@@ -203,7 +204,7 @@ def test_save_auto_compacts_above_a_fifth_tombstones(tmp_path: Path) -> None:
     assert store.info()["deleted"] == 20
     store.remove(["20"])  # 21 of 100
     store.save()
-    assert store.info()["deleted"] == 0 and store._vectors.ntotal == 79
+    assert store.info()["deleted"] == 0 and faiss_rows(store) == 79
     assert IndexStore.open(tmp_path / "idx").info()["deleted"] == 0
 
 
@@ -283,7 +284,8 @@ def test_overwrite_with_another_model(
     assert reopened.fingerprint == read_model_metadata(tiny_onnx_other).fingerprint
     assert reopened.model_path.read_bytes() == tiny_onnx_other.read_bytes()
     names = sorted(p.name for p in (tmp_path / "idx").iterdir())
-    assert names == [".lock", "index.2.faiss", "items.2.sqlite", "manifest.json", "model.2.onnx"]
+    # the new index's files never overwrite the old one's before the commit
+    assert names == [".lock", "manifest.json", "model.2.onnx", "seg.2.faiss", "seg.2.items.sqlite"]
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -344,7 +346,7 @@ def test_untrained_ivf_refuses_adds_and_train_errors(tmp_path: Path) -> None:
     store.remove(["0"])
     store.train(x[200:])  # retraining a filled store re-adds every live vector
     store.set_search_params(nprobe=16)
-    assert len(store) == 399 and store._vectors.ntotal == 399
+    assert len(store) == 399 and faiss_rows(store) == 399
     assert [row[0].key for row in store.search(x[1:50], 1)] == [str(i) for i in range(1, 50)]
 
 

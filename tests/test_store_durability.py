@@ -33,19 +33,50 @@ def saved_index(tmp_path: Path) -> Path:
     return tmp_path / "idx"
 
 
-@pytest.mark.parametrize("name", ["index.1.faiss", "items.1.sqlite"])
-@pytest.mark.parametrize("damage", ["truncate", "flip", "missing"])
-def test_damaged_files_are_refused(saved_index: Path, name: str, damage: str) -> None:
+@pytest.mark.parametrize("name", ["seg.1.faiss", "seg.1.items.sqlite"])
+@pytest.mark.parametrize("damage", ["truncate", "missing", "header"])
+def test_damaged_files_are_refused_at_open(saved_index: Path, name: str, damage: str) -> None:
+    """Opening checks sizes and headers, not every byte: a truncated or missing file, or
+    a damaged header, is refused at once."""
     path = saved_index / name
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[: path.stat().st_size - 100])
-    elif damage == "flip":
-        flip_byte(path, path.stat().st_size // 2)
+    elif damage == "header":
+        flip_byte(path, 1)
     else:
         path.unlink()
-    expected = "missing" if damage == "missing" else "checksum mismatch"
-    with pytest.raises(StoreError, match=f"{expected}.*{name}|{name}.*{expected}"):
+    expected = {"missing": "missing", "truncate": "truncated", "header": "not a"}[damage]
+    with pytest.raises(StoreError, match=f"{name}.*{expected}|{expected}.*{name}"):
         IndexStore.open(saved_index)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat"])
+@pytest.mark.parametrize("name", ["faiss", "items.sqlite", "vectors.npy"])
+def test_a_flipped_byte_in_a_sealed_segment_is_found_and_never_merged(
+    tmp_path: Path, factory: str, name: str
+) -> None:
+    """A byte flipped inside a sealed segment passes the cheap checks at open; `verify`,
+    an open with verify=True and a merge (which reads the segment) all refuse it."""
+    x = unit_vectors(np.random.default_rng(15), 400)
+    store = build(tmp_path / "idx", x[:200], factory=factory)
+    store.save()
+    store.add([str(i) for i in range(200, 400)], x[200:])
+    store.save()
+    store.close()
+    path = tmp_path / "idx" / f"seg.1.{name}"
+    if not path.exists():
+        assert factory == "Flat" and name == "vectors.npy"  # Flat keeps them in FAISS
+        return
+    flip_byte(path, path.stat().st_size - 10)
+    opened = IndexStore.open(tmp_path / "idx")
+    with pytest.raises(StoreError, match=r"checksum mismatch in .*seg\.1\."):
+        opened.verify()
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        opened.merge(everything=True)
+    assert len(opened._sealed) == 2  # nothing was merged
+    opened.close()
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        IndexStore.open(tmp_path / "idx", verify=True)
 
 
 def test_missing_or_bad_manifest_is_refused(saved_index: Path, tmp_path: Path) -> None:
@@ -55,9 +86,9 @@ def test_missing_or_bad_manifest_is_refused(saved_index: Path, tmp_path: Path) -
     with pytest.raises(StoreError, match="not valid JSON"):
         IndexStore.open(saved_index)
     data = json.loads(text)
-    data["files"]["../outside.faiss"] = {"sha256": "0", "bytes": 1}
+    data["segments"][0]["files"]["../outside.faiss"] = {"sha256": "0", "bytes": 1}
     manifest.write_text(json.dumps(data))
-    with pytest.raises(StoreError, match="unexpected file name"):
+    with pytest.raises(StoreError, match="unexpected segment file name"):
         IndexStore.open(saved_index)
     manifest.unlink()
     with pytest.raises(StoreError, match=r"manifest.json not found"):
@@ -66,23 +97,20 @@ def test_missing_or_bad_manifest_is_refused(saved_index: Path, tmp_path: Path) -
         IndexStore.open(tmp_path / "nowhere")
 
 
-def test_unreadable_file_with_matching_checksum_is_refused(saved_index: Path) -> None:
-    # a file that passes its checksum but is not a FAISS index (e.g. a buggy writer)
-    garbage = b"this is not a faiss index" * 10
-    (saved_index / "index.1.faiss").write_bytes(garbage)
-    data = json.loads((saved_index / "manifest.json").read_text())
-    import hashlib
-
-    data["files"]["index.1.faiss"] = {"sha256": hashlib.sha256(garbage).hexdigest(), "bytes": 250}
-    (saved_index / "manifest.json").write_text(json.dumps(data))
+def test_unreadable_file_with_matching_size_is_refused(saved_index: Path) -> None:
+    # a file of the right size that is not a FAISS index (e.g. a buggy writer)
+    path = saved_index / "seg.1.faiss"
+    path.write_bytes(b"x" * path.stat().st_size)
     with pytest.raises(StoreError, match="not a readable FAISS index"):
         IndexStore.open(saved_index)
 
 
 def test_debris_is_ignored_on_load_and_cleaned_on_save(saved_index: Path) -> None:
     debris = [
-        ".index.2.faiss.x1y2.tmp",
+        ".seg.2.faiss.x1y2.tmp",
         ".manifest.json.abc.tmp",
+        "seg.7.faiss",
+        "seg.3.del.9.npy",
         "index.2.faiss",
         "items.0.sqlite",
     ]
@@ -94,7 +122,14 @@ def test_debris_is_ignored_on_load_and_cleaned_on_save(saved_index: Path) -> Non
     store.remove(["0"])
     store.save()
     names = sorted(p.name for p in saved_index.iterdir())
-    assert names == [".lock", "index.2.faiss", "items.2.sqlite", "manifest.json", "notes.txt"]
+    assert names == [
+        ".lock",
+        "manifest.json",
+        "notes.txt",
+        "seg.1.del.2.npy",
+        "seg.1.faiss",
+        "seg.1.items.sqlite",
+    ]
     assert len(IndexStore.open(saved_index)) == 199
 
 
@@ -109,23 +144,24 @@ def test_second_writer_is_refused(saved_index: Path) -> None:
 
 
 def test_open_retries_when_a_save_lands_meanwhile(saved_index: Path, monkeypatch) -> None:
-    import index.store.manifest as manifest_module
+    import index.store.segment as segment_module
 
-    real_read = manifest_module.read_verified
-    raced: list[str] = []
+    real_init = segment_module.SealedSegment.__init__
+    raced: list[int] = []
 
-    def read_after_a_racing_save(directory: Path, name: str, expected):
-        if not raced:  # another process commits generation 2 and deletes generation 1
-            raced.append(name)
+    def open_after_a_racing_merge(self, directory, entry, *args):
+        if not raced:  # another process merges segment 1 away and deletes its files
+            raced.append(entry.number)
             other = IndexStore.open(saved_index)
-            other.remove(["5"])
-            other.save()
-        return real_read(directory, name, expected)
+            other.remove([str(i) for i in range(50)])
+            other.save()  # 50 of 200 tombstones: the segment is rewritten as segment 2
+        return real_init(self, directory, entry, *args)
 
-    monkeypatch.setattr(manifest_module, "read_verified", read_after_a_racing_save)
+    monkeypatch.setattr(segment_module.SealedSegment, "__init__", open_after_a_racing_merge)
     store = IndexStore.open(saved_index)
-    assert raced == ["index.1.faiss"]
-    assert store.info()["generation"] == 2 and len(store) == 199 and "5" not in store
+    assert raced == [1]
+    assert store.info()["generation"] == 3 and len(store) == 150 and "5" not in store
+    assert [s["number"] for s in store.info()["segments"]] == [2]
 
 
 @pytest.mark.parametrize("factory", ["Flat", "HNSW16"])
@@ -177,9 +213,13 @@ CHILD = textwrap.dedent(
     else:
         store = IndexStore.create(directory, dim=DIM, factory=factory)
     print("ready", flush=True)
+    def last_batch():
+        return max((int(k.split("-")[0][1:]) for k in store.keys()), default=0)
+
     while True:
-        # generation g holds batches max(1, g - 2) .. g
-        gen = (store.info()["generation"] or 0) + 1
+        # after batch g is saved, the store holds batches max(1, g - 2) .. g (saves may
+        # also merge segments: generations and batches do not keep step)
+        gen = last_batch() + 1
         store.add([f"g{gen}-{i}" for i in range(BATCH)], batch(gen), labels=[str(gen)] * BATCH)
         store.remove([f"g{gen - WINDOW}-{i}" for i in range(BATCH)])
         store.save()
@@ -199,7 +239,7 @@ def check_committed_state(directory: Path, last_reported: int) -> tuple[int, boo
     after (saved, but killed before it could report). Returns (generation, debris seen)."""
     listed = json.loads((directory / "manifest.json").read_text())
     store = IndexStore.open(directory)
-    gen = store.info()["generation"]
+    gen = max((int(k.split("-")[0][1:]) for k in store.keys()), default=0)
     assert gen in (last_reported, last_reported + 1)
     batches = range(max(1, gen - CRASH_WINDOW + 1), gen + 1)
     expected_keys = [f"g{b}-{i}" for b in batches for i in range(CRASH_BATCH)]
@@ -210,7 +250,11 @@ def check_committed_state(directory: Path, last_reported: int) -> tuple[int, boo
             assert np.array_equal(store.get(f"g{b}-{i}").vector, vectors[i])
         top = store.search(vectors, 1, label=str(b))
         assert [row[0].key for row in top] == [f"g{b}-{i}" for i in range(CRASH_BATCH)]
-    known = {"manifest.json", ".lock", *listed["files"]}
+    known = {"manifest.json", ".lock"}
+    for segment in listed["segments"]:
+        known.update(segment["files"])
+        if segment["tombstones"]:
+            known.add(segment["tombstones"]["file"])
     debris = any(p.name not in known for p in directory.iterdir())
     store.close()
     return gen, debris

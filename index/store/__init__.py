@@ -62,6 +62,7 @@ gpu="cpu" never uses a GPU; gpu="cuda" without one is a StoreError.
 from .core import AUTO_COMPACT_FRACTION, IndexStore
 from .errors import KeyExistsError, StoreError
 from .items import Hit, ItemRecord
+from .legacy import upgrade
 from .vectors import suggest_factory
 
 __all__ = [
@@ -72,4 +73,5 @@ __all__ = [
     "KeyExistsError",
     "StoreError",
     "suggest_factory",
+    "upgrade",
 ]

@@ -1,9 +1,15 @@
-"""IndexStore: the index directory of DESIGN.md section 2 as one object (format in __init__)."""
+"""IndexStore: the index directory (format in __init__) as one object over segments.
+
+Sealed segments (segment.py) are immutable files, memory-mapped; the growing segment
+(memory_segment.py) holds what was added since the last save, behind the journal.
+A save seals the growing segment into new files and writes the tombstones that
+changed, then commits the manifest: its cost follows the change, not the index.
+Searches fan out over every segment and merge the per-segment top k.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -12,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import faiss
 import numpy as np
 
 from ..atomic import atomic_path
@@ -21,19 +28,27 @@ from .checks import as_matrix, check_keys, check_unit, metadata_column, text_col
 from .errors import KeyExistsError, StoreError
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import JOURNAL_FILE, Journal, JournalOwner
-from .vectors import VectorIndex, check_gpu_mode
+from .memory_segment import MemorySegment, hit
+from .merge import TOMBSTONE_FRACTION, pick_merge
+from .persist import TUNABLE_PARAMS
+from .persist import merge as merge_segments
+from .persist import save as save_store
+from .segment import SealedSegment, write_segment, write_tombstones
+from .vectors import VectorIndex, build_index, check_gpu_mode
 
 logger = logging.getLogger(__name__)
 
-AUTO_COMPACT_FRACTION = 0.2  # save() compacts when tombstones exceed this share of the index
+AUTO_COMPACT_FRACTION = TOMBSTONE_FRACTION  # the public name of the merge policy's rule
 _OPEN_RETRIES = 3
+Segment = SealedSegment | MemorySegment
 
 
 class IndexStore:
-    """A persistent, verified FAISS index with item metadata (see the package docstring).
+    """A persistent, verified FAISS index with item metadata, in segments.
 
-    Thread-safe: one lock serialises mutations, searches and saves, so a server may
-    search while another thread adds or removes.
+    Thread-safe: one lock serialises mutations and searches (held only for memory
+    work); saves and merges write their files outside it, so searches and adds go
+    on while a checkpoint or a merge runs.
     """
 
     def __init__(
@@ -42,36 +57,44 @@ class IndexStore:
         *,
         factory: str,
         dim: int,
-        vectors: VectorIndex,
-        items: ItemTable,
+        template: faiss.Index,
+        gpu: str,
         model: mf.ModelEntry | None,
         committed: mf.Manifest | None,
-        base_generation: int | None,
+        sealed: list[SealedSegment] | None = None,
+        growing: MemorySegment | None = None,
+        legacy: bool = False,
     ) -> None:
         self.directory = directory
         self.dim = dim
         self.factory = factory
-        self._vectors = vectors
-        self._items = items
+        self._template = template  # empty (trained) index new segments start from
+        self._gpu = gpu
         self._model = model
         self._committed = committed
-        self._base_generation = base_generation
+        self._base_generation = committed.generation if committed else None
+        self._legacy = legacy  # a format-1 index: readable, not writable (upgrade first)
         self._model_source: Path | None = None  # a model still to copy in at save
-        self._tombstones = items.deleted_ids()
-        self._live = items.count(deleted=False)
-        self._next_id = items.max_id() + 1
+        self._sealed: list[SealedSegment] = sealed or []
+        self._sealing: list[MemorySegment] = []  # frozen growing segments being written
+        self._growing = growing or self._new_growing()
+        self._retired: list[SealedSegment] = []  # replaced in memory, still committed
+        ids = [s.max_id() for s in self._memory_segments()] + [-1]
+        self._next_id = max(committed.next_id if committed else 0, max(ids) + 1)
+        numbers = [s.number for s in self._sealed] + [0]
+        self._next_segment = max(numbers) + 1
+        self._quantizer_dirty = False
+        self._params_dirty = False
         self._created = committed.created if committed else mf.now_iso()
         self._dirty = committed is None
         self._lock = threading.RLock()
-        # the folder's mutation journal (see journal.py): written to by add/remove only
-        # with journal=True, truncated by every save that commits what it holds
+        self._commit_lock = threading.Lock()  # one save or merge at a time
         self._journal: Journal | None = None
         self._journaling = False
         self._journal_seq = 0  # last journal row reflected in memory
-        self._journal_pending = 0  # its rows no save has committed (read without the lock)
+        self._journal_pending = 0  # rows no save has committed (read without the lock)
         self._journal_owner: JournalOwner | None = None
-        # whether this factory ever needs training (IVF, PQ), independent of the state now
-        self._trainable = not VectorIndex.create(dim, factory, "cpu").is_trained
+        self._trainable = not build_index(dim, factory).is_trained
 
     # -- construction ------------------------------------------------------------------
 
@@ -103,17 +126,22 @@ class IndexStore:
         source = None
         if model_path is not None:
             source, fingerprint = cls._check_model(Path(model_path), fingerprint, dim)
+        check_gpu_mode(gpu)
         store = cls(
             directory,
             factory=factory,
             dim=dim,
-            vectors=VectorIndex.create(dim, factory, gpu),
-            items=ItemTable.new(),
+            template=build_index(dim, factory),
+            gpu=gpu,
             model=mf.ModelEntry(fingerprint) if fingerprint is not None else None,
             committed=None,
-            base_generation=mf.committed_generation(directory) if directory.is_dir() else None,
         )
         store._model_source = source
+        store._base_generation = mf.committed_generation(directory) if directory.is_dir() else None
+        if store._base_generation is not None:
+            # never write over a file of the index this one replaces before the commit
+            old = mf.read_manifest(directory)
+            store._next_segment = max([s.number for s in old.segments] + [0]) + 1
         if directory.is_dir():
             # rows journalled against the index this store replaces die with it at save()
             store._journal = Journal.open_existing(directory, dim)
@@ -143,23 +171,33 @@ class IndexStore:
         dim: int | None = None,
         gpu: str = "auto",
         journal: bool = False,
+        verify: bool = False,
     ) -> IndexStore:
-        """Load the committed generation of `directory`, verifying every checksum, and
-        replay the mutations its journal still holds (journal.py).
+        """Open the committed generation of `directory` and replay the mutations its
+        journal still holds (journal.py).
 
+        Opening checks sizes and headers and memory-maps the segments; `verify=True`
+        also checks every byte against the manifest's checksums (see `verify()`).
         fingerprint / dim: refuse an index built with another model or dimension.
-        journal: make every later add() and remove() durable on return, through the
-        journal, instead of only at the next save() (what a live server needs).
-        A save by another process between reading the manifest and its files is
-        retried; a damaged or incomplete index is a StoreError, never served.
+        journal: make every later add() and remove() durable on return (a server).
+        A format-1 directory opens read-only (`vitrieval-index upgrade` converts it).
         """
+        from .legacy import open_legacy
+
         directory = Path(directory)
         check_gpu_mode(gpu)
         for attempt in range(_OPEN_RETRIES):
             manifest = mf.read_manifest(directory)
             cls._check_expected(manifest, directory, fingerprint, dim)
             try:
-                store = cls._load(directory, manifest, gpu)
+                if manifest.format_version == mf.LEGACY_FORMAT_VERSION:
+                    if journal:
+                        raise StoreError(legacy_message(directory))
+                    store = open_legacy(cls, directory, manifest, gpu)
+                else:
+                    store = cls._load(directory, manifest, gpu)
+                    if verify:
+                        store.verify()
                 store._attach_journal(create=journal)
                 return store
             except StoreError:
@@ -178,51 +216,65 @@ class IndexStore:
             )
         if fingerprint is not None and fingerprint != manifest.fingerprint:
             built = manifest.fingerprint or "an unrecorded model"
+            copy = (
+                f" (its copy is {directory / manifest.model.file})"
+                if manifest.model and manifest.model.file
+                else ""
+            )
             raise StoreError(
                 f"{directory} was built with model fingerprint {built}, not {fingerprint}: "
-                "rebuild the index with this model (into a new folder), or use the model it "
-                "was built with"
-                + (
-                    f" (the index keeps a copy: {directory / manifest.model.file})"
-                    if manifest.model and manifest.model.file
-                    else ""
-                )
+                "rebuild the index with this model into a new folder, or use the model the "
+                f"index was built with{copy}"
             )
 
     @classmethod
     def _load(cls, directory: Path, manifest: mf.Manifest, gpu: str) -> IndexStore:
-        g = manifest.generation
         if manifest.model and manifest.model.file and manifest.model.checksum:
+            # small beside the segments, and what `search` embeds with: read in full
             mf.verify_file(directory, manifest.model.file, manifest.model.checksum)
-        index_name, items_name = mf.index_file(g), mf.items_file(g)
-        vectors = VectorIndex.from_bytes(
-            mf.read_verified(directory, index_name, manifest.files[index_name]),
-            directory / index_name,
-            manifest.dim,
-            gpu,
-        )
-        items = ItemTable.from_bytes(
-            mf.read_verified(directory, items_name, manifest.files[items_name]),
-            directory / items_name,
-        )
+        template = build_index(manifest.dim, manifest.factory)
+        if manifest.quantizer is not None:
+            data = mf.read_verified(directory, manifest.quantizer.name, manifest.quantizer.checksum)
+            template = VectorIndex.from_bytes(
+                data, directory / manifest.quantizer.name, manifest.dim, "cpu"
+            ).cpu
+        sealed: list[SealedSegment] = []
+        try:
+            for entry in manifest.segments:
+                sealed.append(SealedSegment(directory, entry, manifest.dim, gpu, manifest.factory))
+        except BaseException:
+            for segment in sealed:
+                segment.close()
+            raise
         store = cls(
             directory,
             factory=manifest.factory,
             dim=manifest.dim,
-            vectors=vectors,
-            items=items,
+            template=template,
+            gpu=gpu,
             model=manifest.model,
             committed=manifest,
-            base_generation=g,
+            sealed=sealed,
         )
-        rows = len(store) + len(store._tombstones)
-        if rows != vectors.ntotal or len(store) != manifest.count:
+        for name, value in manifest.search_params.items():
+            if name not in TUNABLE_PARAMS:
+                continue
+            VectorIndex(template, "cpu").set_parameter(name, value)
+            for segment in sealed:
+                segment.vectors.set_parameter(name, value)
+        live = sum(s.live_count for s in sealed)
+        if live != manifest.count:
             store.close()
             raise StoreError(
-                f"{directory} is inconsistent: {vectors.ntotal} vectors, {rows} item rows, "
-                f"manifest count {manifest.count}"
+                f"{directory} is inconsistent: {live} live items in its segments, manifest "
+                f"count {manifest.count}"
             )
         return store
+
+    def _new_growing(self) -> MemorySegment:
+        return MemorySegment(
+            VectorIndex(faiss.clone_index(self._template), self._gpu), ItemTable.new()
+        )
 
     def _attach_journal(self, *, create: bool) -> None:
         """Replay the folder's journal; with `create`, journal every later mutation."""
@@ -265,6 +317,24 @@ class IndexStore:
         if replayed:
             logger.info("replayed %d journalled mutation(s) of %s", replayed, self.directory)
 
+    # -- segments ----------------------------------------------------------------------
+
+    def _memory_segments(self) -> list[MemorySegment]:
+        return [*self._sealing, self._growing]
+
+    def _segments(self) -> list[Segment]:
+        """Every segment searched, oldest first (damaged ones are out of service)."""
+        return [*(s for s in self._sealed if not s.damaged), *self._sealing, self._growing]
+
+    def _locate(self, keys: Sequence[str]) -> list[tuple[Segment, dict[str, int]]]:
+        """(segment, key -> id) for the live `keys`, per segment holding any."""
+        found = []
+        for segment in self._segments():
+            ids = segment.live_ids(keys)
+            if ids:
+                found.append((segment, ids))
+        return found
+
     # -- attributes and small queries ---------------------------------------------------
 
     @property
@@ -278,38 +348,54 @@ class IndexStore:
             return self.directory / self._model.file
         return None
 
+    @property
+    def format_version(self) -> int:
+        return mf.LEGACY_FORMAT_VERSION if self._legacy else mf.FORMAT_VERSION
+
     def __len__(self) -> int:
-        return self._live
+        return sum(s.live_count for s in self._segments())
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
         with self._lock:
-            return bool(self._items.live_ids([key]))
+            return bool(self._locate([key]))
 
     def __repr__(self) -> str:
         where = str(self.directory)
-        return f"IndexStore({where!r}, factory={self.factory!r}, dim={self.dim}, n={self._live})"
+        return f"IndexStore({where!r}, factory={self.factory!r}, dim={self.dim}, n={len(self)})"
 
     def keys(self) -> list[str]:
         """Live keys in insertion (id) order."""
         with self._lock:
-            return self._items.keys()
+            pairs = [pair for s in self._segments() for pair in s.keys_by_id()]
+        return [key for _, key in sorted(pairs)]
 
     def get(self, key: str) -> ItemRecord | None:
         with self._lock:
-            return self._items.get(key)
+            for segment in reversed(self._segments()):
+                record = segment.get(key)
+                if record is not None:
+                    return record
+        return None
 
     def labelled_items(self, limit: int | None = None) -> tuple[list[str], list[str], np.ndarray]:
         """(keys, labels, float32 (n, dim) vectors) of the live labelled items in insertion
         order: the input of a leave-one-out evaluation. More than `limit` items is a
         StoreError (checked before anything is read)."""
         with self._lock:
-            if limit is not None and (n := self._items.count_labelled()) > limit:
+            n = sum(s.count_labelled() for s in self._segments())
+            if limit is not None and n > limit:
                 raise StoreError(
                     f"the index holds {n} labelled items, more than the {limit} allowed"
                 )
-            return self._items.labelled(self.dim)
+            parts = [s.labelled(self.dim) for s in self._segments()]
+        ids = np.concatenate([p[0] for p in parts])
+        order = np.argsort(ids, kind="stable")
+        keys = [k for p in parts for k in p[1]]
+        labels = [label for p in parts for label in p[2]]
+        vectors = np.concatenate([p[3] for p in parts]).reshape(-1, self.dim)
+        return [keys[i] for i in order], [labels[i] for i in order], vectors[order]
 
     @property
     def journal_pending(self) -> int:
@@ -319,7 +405,7 @@ class IndexStore:
 
     def needs_training(self) -> bool:
         """Whether train() must run before add() (IVF and PQ factories)."""
-        return not self._vectors.is_trained
+        return not self._template.is_trained
 
     # -- mutations ---------------------------------------------------------------------
 
@@ -355,11 +441,12 @@ class IndexStore:
                 "representative sample"
             )
         with self._lock:
-            existing = self._items.live_ids(keys)
+            existing = self._locate(keys)
             if existing and not replace:
-                first = next(iter(existing))
+                first = next(iter(existing[0][1]))
+                count = sum(len(ids) for _, ids in existing)
                 raise KeyExistsError(
-                    f"{len(existing)} key(s) already in the index, e.g. {first!r}; "
+                    f"{count} key(s) already in the index, e.g. {first!r}; "
                     "pass replace=True to overwrite them"
                 )
             ids = np.arange(self._next_id, self._next_id + len(keys), dtype=np.int64)
@@ -367,20 +454,22 @@ class IndexStore:
                 Row(int(i), k, lab, p, m, v)
                 for i, k, lab, p, m, v in zip(ids, keys, labels_, paths_, metadata_, x, strict=True)
             ]
-            old = np.fromiter(existing.values(), dtype=np.int64)
+            growing = self._growing
             with (
                 self._journalled(
                     "add", keys, vectors=x, labels=labels_, paths=paths_, metadata=metadata_
                 ),
-                self._items.transaction(),
+                growing.items.transaction(),
             ):
-                self._retire_rows(old)  # frees the keys for the new rows
-                self._items.insert(rows)
-                self._vectors.add(x, ids)
+                old_here = [i for s, found in existing if s is growing for i in found.values()]
+                growing.retire_rows(np.asarray(old_here, dtype=np.int64))  # frees the keys
+                growing.insert(rows, x, ids)
                 # old vectors go after the add, so a failed add leaves FAISS untouched
-                self._retire_vectors(old)
+                growing.retire_vectors(np.asarray(old_here, dtype=np.int64))
+                for segment, found in existing:
+                    if segment is not growing:
+                        segment.retire(np.fromiter(found.values(), dtype=np.int64))
             self._next_id += len(keys)
-            self._live += len(keys)
             self._dirty = True
 
     def remove(self, keys: Sequence[str]) -> int:
@@ -388,12 +477,15 @@ class IndexStore:
         if isinstance(keys, str):
             raise StoreError("keys must be a sequence of strings, not one string")
         with self._lock:
-            found = self._items.live_ids(list(dict.fromkeys(keys)))
-            if found:
-                with self._journalled("remove", list(found)), self._items.transaction():
-                    self._remove_ids(np.fromiter(found.values(), dtype=np.int64))
-                self._dirty = True
-            return len(found)
+            found = self._locate(list(dict.fromkeys(keys)))
+            if not found:
+                return 0
+            removed = [key for _, ids in found for key in ids]
+            with self._journalled("remove", removed):
+                for segment, ids in found:
+                    segment.retire(np.fromiter(ids.values(), dtype=np.int64))
+            self._dirty = True
+            return len(removed)
 
     @contextlib.contextmanager
     def _journalled(self, op: str, keys: Sequence[str], **columns: Any) -> Iterator[None]:
@@ -412,59 +504,37 @@ class IndexStore:
             raise
         self._journal_pending += len(keys)
 
-    def _remove_ids(self, ids: np.ndarray) -> None:
-        """Delete live `ids` from SQLite and FAISS (inside the caller's transaction)."""
-        self._retire_rows(ids)
-        self._retire_vectors(ids)
-
-    def _retire_rows(self, ids: np.ndarray) -> None:
-        """SQLite side of a removal: delete the rows, or tombstone them where FAISS cannot
-        remove vectors (HNSW)."""
-        if ids.size == 0:
-            return
-        if self._vectors.removable:
-            self._items.delete_rows(ids.tolist())
-        else:
-            self._items.mark_deleted(ids.tolist())
-
-    def _retire_vectors(self, ids: np.ndarray) -> None:
-        """FAISS side of a removal: remove_ids, or remember the tombstones for search."""
-        if ids.size == 0:
-            return
-        if self._vectors.removable:
-            self._vectors.remove(ids)
-        else:
-            self._tombstones.update(ids.tolist())
-        self._live -= int(ids.size)
-
     def train(self, vectors: np.ndarray) -> None:
         """Train an IVF/PQ index on float32 (n, dim) vectors; a no-op for Flat and HNSW.
 
-        Always trains a fresh index and re-adds every live vector from SQLite, so it
-        also retrains a store that already holds items (tombstones are dropped on the
-        way); search settings (nprobe) carry over.
+        Trains a fresh quantizer that every later segment starts from. Items already
+        in the store are re-added under it (into the growing segment; the sealed
+        segments they came from are dropped at the next save); search settings
+        (nprobe) carry over.
         """
         x = as_matrix(vectors, self.dim, "training vectors")
         with self._lock:
             if not self._trainable:
                 return
-            fresh = VectorIndex.create(self.dim, self.factory, self._vectors.gpu_mode)
-            fresh.copy_settings(self._vectors)
+            fresh = VectorIndex(build_index(self.dim, self.factory), self._gpu)
+            fresh.copy_settings(VectorIndex(self._template, "cpu"))
             fresh.train(x)
-            with self._items.transaction():
-                fresh.rebuild(self._items.live_vectors(self.dim))
-                self._items.purge_deleted()
-            self._vectors = fresh
-            self._tombstones.clear()
-            self._dirty = True
+            self._template = fresh.cpu
+            moved = self._new_growing()
+            for segment in self._segments():
+                for rows, batch in segment.live_rows():
+                    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+                    moved.insert([Row(*r, v) for r, v in zip(rows, batch, strict=True)], batch, ids)
+            self._retired.extend(self._sealed)
+            for segment in self._memory_segments():
+                segment.close()
+            self._sealed, self._sealing, self._growing = [], [], moved
+            self._quantizer_dirty = self._dirty = True
 
     def compact(self) -> None:
-        """Rebuild the FAISS index from the live vectors in SQLite, dropping tombstones."""
-        with self._lock, self._items.transaction():
-            self._vectors.rebuild(self._items.live_vectors(self.dim))
-            self._items.purge_deleted()
-            self._tombstones.clear()
-            self._dirty = True
+        """Fold every segment into one, dropping tombstones (saves first)."""
+        self.save()
+        self.merge(everything=True)
 
     def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
         """Speed/recall knobs saved with the index: IVF `nprobe` (lists probed per query,
@@ -472,11 +542,18 @@ class IndexStore:
         64). Setting one the index does not have is a StoreError."""
         with self._lock:
             for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
-                if value is not None:
-                    if int(value) < 1:
-                        raise StoreError(f"{name} must be >= 1, got {value}")
-                    self._vectors.set_parameter(name, int(value))
-                    self._dirty = True
+                if value is None:
+                    continue
+                if int(value) < 1:
+                    raise StoreError(f"{name} must be >= 1, got {value}")
+                VectorIndex(self._template, "cpu").set_parameter(name, int(value))
+                for segment in self._segments():
+                    segment.vectors.set_parameter(name, int(value))
+                self._params_dirty = self._dirty = True
+
+    def search_params(self) -> dict[str, int]:
+        """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch)."""
+        return VectorIndex(self._template, "cpu").search_settings()
 
     # -- search ------------------------------------------------------------------------
 
@@ -490,93 +567,92 @@ class IndexStore:
     ) -> list[list[Hit]]:
         """Top-k items by inner product for each query of float32 (q, dim) `queries`.
 
-        label: only items with this label (a FAISS IDSelector where the index supports
-        it, over-fetching and post-filtering where not). exclude_keys: never returned
-        (e.g. the query item itself). Ties are ordered by ascending item id (insertion
-        order); a query gets fewer than k hits when fewer items match.
+        Every segment answers its own top k (label filter and exclusions applied as
+        FAISS ID selectors where the index supports them); the lists are merged by
+        descending score, ties by ascending item id (insertion order), exactly as one
+        index holding every item would rank them. A query gets fewer than k hits when
+        fewer items match.
         """
         if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
             raise StoreError(f"k must be an integer >= 1, got {k!r}")
         q = as_matrix(queries, self.dim, "queries")
+        merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
         with self._lock:
-            allowed = None if label is None else self._items.label_ids(str(label))
-            excluded = list(self._items.live_ids(list(exclude_keys)).values())
-            blocked = np.asarray(sorted(self._tombstones.union(excluded)), dtype=np.int64)
-            pairs = self._vectors.top_k(q, int(k), allowed=allowed, blocked=blocked)
-            described = self._items.describe([i for row in pairs for i, _ in row])
-        return [[self._hit(described[i], score) for i, score in row] for row in pairs]
+            excluded = self._locate(list(exclude_keys)) if exclude_keys else []
+            for segment in self._segments():
+                if segment.live_count == 0:
+                    continue
+                allowed = None if label is None else segment.label_ids(str(label))
+                if allowed is not None and allowed.size == 0:
+                    continue
+                blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
+                pairs = segment.top_k(q, int(k), allowed, np.asarray(sorted(blocked), np.int64))
+                for row, found in zip(merged, pairs, strict=True):
+                    row.extend((score, item, segment) for item, score in found)
+            results = []
+            for row in merged:
+                row.sort(key=lambda t: (-t[0], t[1]))
+                top = row[: int(k)]
+                described: dict[int, Any] = {}
+                for segment in {id(s): s for _, _, s in top}.values():
+                    described.update(segment.describe([i for _, i, s in top if s is segment]))
+                results.append([hit(described[i], score) for score, i, _ in top])
+        return results
 
-    @staticmethod
-    def _hit(row: tuple[str, str | None, str | None, str], score: float) -> Hit:
-        key, label, path, metadata = row
-        return Hit(key, score, label, path, json.loads(metadata))
-
-    # -- persistence -------------------------------------------------------------------
+    # -- persistence (saving, merging: persist.py) --------------------------------------
 
     def save(self) -> None:
-        """Commit the current state as a new generation (no-op when nothing changed).
+        """Commit the current state: seal the growing segment into new files, write the
+        tombstones that changed, then replace the manifest (the commit point). Costs
+        what changed since the last save; searches and adds go on meanwhile. A no-op
+        when nothing changed. A crash at any step leaves the last commit loadable."""
+        save_store(self)
 
-        Steps: auto-compact if tombstones exceed 20% of the index; write index.<g>.faiss,
-        items.<g>.sqlite (and the model copy) via temp file + fsync + rename + fsync of
-        the folder; then atomically replace manifest.json (the commit point); then delete
-        older generations and leftover temp files. A crash at any step leaves the last
-        committed generation loadable.
-        """
+    def merge(self, *, everything: bool = False) -> int:
+        """Merge small segments (and rewrite those with many tombstones) into one new
+        segment, off the search path; returns how many segments were merged (0: none
+        was due). `everything=True` folds all sealed segments into one."""
+        return merge_segments(self, everything=everything)
+
+    def verify(self) -> None:
+        """Check every byte of every committed file against its checksum (StoreError)."""
         with self._lock:
-            if not self._dirty and self._model_source is None:
-                return
-            self.directory.mkdir(parents=True, exist_ok=True)
-            if self._journal_owner is None:
-                JournalOwner.check_free(self.directory)  # a server owns this index
-            with mf.writer_lock(self.directory):
-                on_disk = mf.committed_generation(self.directory)
-                if on_disk != self._base_generation:
-                    raise StoreError(
-                        f"{self.directory} was saved by another writer since this store was "
-                        f"loaded (generation {on_disk}, expected {self._base_generation}); "
-                        "reopen it and apply the changes again"
-                    )
-                if len(self._tombstones) > AUTO_COMPACT_FRACTION * max(self._vectors.ntotal, 1):
-                    self.compact()
-                self._commit((on_disk or 0) + 1)
+            segments = list(self._sealed)
+            committed = self._committed
+        for segment in segments:
+            segment.verify()
+        if committed and committed.model and committed.model.file and committed.model.checksum:
+            mf.verify_file(self.directory, committed.model.file, committed.model.checksum)
 
-    def _commit(self, generation: int) -> None:
-        model = self._write_model(generation)
-        files = {
-            mf.index_file(generation): self._write_file(
-                mf.index_file(generation), self._vectors.write
-            ),
-            mf.items_file(generation): self._write_file(
-                mf.items_file(generation), self._items.snapshot_to
-            ),
-        }
-        manifest = mf.Manifest(
-            generation=generation,
-            dim=self.dim,
-            factory=self.factory,
-            count=self._live,
-            files=files,
-            model=model,
-            created=self._created,
-            updated=mf.now_iso(),
-        )
-        mf.write_manifest(self.directory, manifest)
-        # committed: from here on a failure must not undo the in-memory bookkeeping
-        self._committed, self._base_generation, self._model = manifest, generation, model
-        self._model_source, self._dirty = None, False
-        keep = set(files) | ({model.file} if model and model.file else set())
-        if self._journal is not None:
-            self._journal.truncate(self._journal_seq)
-            self._journal_pending = 0
-        removed = mf.remove_stale(self.directory, keep)
-        logger.debug("committed generation %d; removed %s", generation, removed)
+    def scrub(self, bytes_per_s: float | None = None) -> list[tuple[int, str]]:
+        """Verify every sealed segment in turn (paced by `bytes_per_s`); a segment that
+        fails is taken out of service: searches, lookups and merges skip it, and saves
+        keep its committed entry as it is, for the operator to restore. Returns the
+        damaged segments as (number, reason), this scrub's and earlier ones."""
+        with self._lock:
+            segments = [s for s in self._sealed if not s.damaged]
+        for segment in segments:
+            try:
+                segment.verify(bytes_per_s)
+            except StoreError as exc:
+                with self._lock:
+                    segment.damaged = str(exc)
+                logger.error(
+                    "segment %d of %s is damaged and out of service: %s",
+                    segment.number,
+                    self.directory,
+                    exc,
+                )
+        return self.damaged_segments()
 
-    def _write_file(self, name: str, writer: Any) -> mf.FileEntry:
-        """Write DIR/name through `writer(temp_path)`, durably; return its checksum."""
-        with atomic_path(self.directory / name) as tmp:
-            writer(tmp)
-            entry = mf.sha256_file(tmp)
-        return entry
+    def damaged_segments(self) -> list[tuple[int, str]]:
+        with self._lock:
+            return [(s.number, s.damaged) for s in self._sealed if s.damaged]
+
+    def due_merge(self) -> bool:
+        with self._lock:
+            healthy = [s for s in self._sealed if not s.damaged]
+            return bool(pick_merge(healthy))
 
     def _write_model(self, generation: int) -> mf.ModelEntry | None:
         """Copy a pending model in (keeping the committed one intact until the commit)."""
@@ -584,7 +660,9 @@ class IndexStore:
             return self._model
         committed = self._committed_model_file()
         name = mf.MODEL_FILE if committed != mf.MODEL_FILE else mf.model_file(generation)
-        entry = self._write_file(name, lambda tmp: shutil.copyfile(self._model_source, tmp))
+        with atomic_path(self.directory / name) as tmp:
+            shutil.copyfile(self._model_source, tmp)
+            entry = mf.sha256_file(tmp)
         return mf.ModelEntry(self.fingerprint, name, entry)
 
     def _committed_model_file(self) -> str | None:
@@ -594,29 +672,71 @@ class IndexStore:
             return None
         return model.file if model else None
 
+    def _write_tombstones(self, segment: SealedSegment, generation: int, ids: set[int]) -> None:
+        entry = write_tombstones(self.directory, segment.number, generation, ids)
+        segment.entry = mf.SegmentEntry(
+            segment.number, segment.entry.rows, segment.entry.files, entry
+        )
+
+    def _seal(self, segment: MemorySegment, number: int, generation: int) -> mf.SegmentEntry:
+        """Write a frozen memory segment as sealed segment `number`. Its FAISS index is
+        written as it is: without tombstones it holds exactly the live rows; with them
+        (HNSW, which cannot remove) every row goes out and the tombstones with it, so
+        the graph searched after the save is the one searched before."""
+        dead = segment.frozen_dead
+        if not dead:
+            rows, count = segment.live_rows(dead=set()), segment.frozen_rows
+        else:
+            rows, count = segment.all_rows(), segment.ntotal
+        entry = write_segment(
+            self.directory,
+            number,
+            self._template,
+            rows,
+            count,
+            factory=self.factory,
+            prebuilt=segment.vectors.cpu,
+        )
+        if not dead:
+            return entry
+        tombstones = write_tombstones(self.directory, number, generation, dead)
+        return mf.SegmentEntry(number, entry.rows, entry.files, tombstones)
+
     # -- reporting and lifetime ---------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
         """A manifest-like summary of the store as it is in memory now, plus disk usage."""
         with self._lock:
             committed = self._committed
-            files = dict(committed.files) if committed else {}
+            files = committed.listed_files() if committed else {}
             if committed and committed.model and committed.model.checksum:
                 files[committed.model.file] = committed.model.checksum
+            segments = [
+                {
+                    "number": s.number,
+                    "rows": s.ntotal,
+                    "live": s.live_count,
+                    "deleted": len(s.tombstones),
+                    **({"damaged": s.damaged} if s.damaged else {}),
+                }
+                for s in self._sealed
+            ]
             return {
                 "directory": str(self.directory),
-                "format_version": mf.FORMAT_VERSION,
+                "format_version": self.format_version,
                 "generation": committed.generation if committed else None,
-                "count": self._live,
-                "deleted": len(self._tombstones),
+                "count": len(self),
+                "deleted": sum(len(s.tombstones) for s in self._segments()),
                 "factory": self.factory,
                 "dim": self.dim,
                 "metric": mf.METRIC,
                 "fingerprint": self.fingerprint,
                 "model_file": str(self.model_path) if self.model_path else None,
-                "trained": self._vectors.is_trained,
-                "search_params": self._vectors.search_settings(),
-                "gpu": self._vectors.gpu_in_use,
+                "trained": self._template.is_trained,
+                "search_params": self.search_params(),
+                "gpu": self._growing.vectors.gpu_in_use,
+                "segments": segments,
+                "growing": self._growing.live_count + sum(s.live_count for s in self._sealing),
                 "bytes_on_disk": sum(entry.bytes for entry in files.values()),
                 "files": {name: entry.to_json() for name, entry in files.items()},
                 "unsaved_changes": self._dirty or self._model_source is not None,
@@ -626,9 +746,10 @@ class IndexStore:
             }
 
     def close(self) -> None:
-        """Release the SQLite connection (unsaved changes are lost)."""
+        """Release files and connections (unsaved changes are lost)."""
         with self._lock:
-            self._items.close()
+            for segment in [*self._segments(), *self._retired]:
+                segment.close()
             if self._journal is not None:
                 self._journal.close()
                 self._journal = None
@@ -644,3 +765,10 @@ class IndexStore:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
+
+
+def legacy_message(directory: Path) -> str:
+    return (
+        f"{directory} is an index of format 1, which this vitrieval reads but does not "
+        f"write: convert it with `vitrieval-index upgrade {directory}`"
+    )

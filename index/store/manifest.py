@@ -4,6 +4,10 @@ The manifest names every file of the committed generation with its sha256 and si
 a file is trusted only after it matches both. Writing the manifest (atomically) is
 what commits a generation, so anything not named in it is either an older
 generation or the debris of an interrupted save, and is never read.
+
+Format 2 (segments) lists the sealed segments with their files and tombstones, and
+the trained quantizer; format 1 (one generation: index.<g>.faiss + items.<g>.sqlite)
+is still read, for read-only use and for `vitrieval-index upgrade`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,8 @@ from .errors import StoreError
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+LEGACY_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.onnx"
 METRIC = "inner_product"
@@ -35,7 +41,10 @@ _CHUNK = 1 << 20
 
 # Every name the store ever writes; only these are checked, read or cleaned up, so
 # anything else a user keeps in the folder is left alone.
-_STORE_FILE = re.compile(r"(index\.\d+\.faiss|items\.\d+\.sqlite|model(\.\d+)?\.onnx)")
+_STORE_FILE = re.compile(
+    r"(index\.\d+\.faiss|items\.\d+\.sqlite|model(\.\d+)?\.onnx|quantizer\.\d+\.faiss"
+    r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|del\.\d+\.npy))"
+)
 _TEMP_FILE = re.compile(r"\.(manifest\.json|" + _STORE_FILE.pattern + r")\..+\.tmp")
 
 
@@ -45,6 +54,26 @@ def index_file(generation: int) -> str:
 
 def items_file(generation: int) -> str:
     return f"items.{generation}.sqlite"
+
+
+def segment_index_file(number: int) -> str:
+    return f"seg.{number}.faiss"
+
+
+def segment_items_file(number: int) -> str:
+    return f"seg.{number}.items.sqlite"
+
+
+def segment_vectors_file(number: int) -> str:
+    return f"seg.{number}.vectors.npy"
+
+
+def tombstone_file(number: int, generation: int) -> str:
+    return f"seg.{number}.del.{generation}.npy"
+
+
+def quantizer_file(generation: int) -> str:
+    return f"quantizer.{generation}.faiss"
 
 
 def model_file(generation: int) -> str:
@@ -88,23 +117,103 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class NamedFile:
+    """A file of the index and its checksum (the quantizer, a tombstone list)."""
+
+    name: str
+    checksum: FileEntry
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.name, **self.checksum.to_json()}
+
+
+@dataclass(frozen=True)
+class TombstoneEntry(NamedFile):
+    count: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "count": self.count}
+
+
+@dataclass(frozen=True)
+class SegmentEntry:
+    """A sealed segment: its files (checksummed when sealed, never rewritten), its row
+    count, and the tombstones committed for it since."""
+
+    number: int
+    rows: int
+    files: dict[str, FileEntry]
+    tombstones: TombstoneEntry | None = None
+
+    @property
+    def live(self) -> int:
+        return self.rows - (self.tombstones.count if self.tombstones else 0)
+
+    def listed_files(self) -> dict[str, FileEntry]:
+        files = dict(self.files)
+        if self.tombstones:
+            files[self.tombstones.name] = self.tombstones.checksum
+        return files
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "rows": self.rows,
+            "files": {name: entry.to_json() for name, entry in self.files.items()},
+            "tombstones": self.tombstones.to_json() if self.tombstones else None,
+        }
+
+
+@dataclass(frozen=True)
 class Manifest:
-    """One committed generation, exactly as manifest.json states it."""
+    """One committed generation, exactly as manifest.json states it.
+
+    Format 2: `segments`, `quantizer` (the trained empty index new segments start
+    from, for factories that train) and `next_id`; `files` is empty. Format 1:
+    `files` holds the generation's two files; the rest is empty.
+    """
 
     generation: int
     dim: int
     factory: str
     count: int
-    files: dict[str, FileEntry]
     model: ModelEntry | None
     created: str
     updated: str
+    format_version: int = FORMAT_VERSION
+    segments: tuple[SegmentEntry, ...] = ()
+    quantizer: NamedFile | None = None
+    next_id: int = 0
+    search_params: dict[str, int] = field(default_factory=dict)
+    files: dict[str, FileEntry] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str | None:
         return self.model.fingerprint if self.model else None
 
+    def listed_files(self) -> dict[str, FileEntry]:
+        """Every file this generation consists of (the model copy aside)."""
+        files = dict(self.files)
+        for segment in self.segments:
+            files.update(segment.listed_files())
+        if self.quantizer:
+            files[self.quantizer.name] = self.quantizer.checksum
+        return files
+
     def to_json(self) -> dict[str, Any]:
+        if self.format_version == LEGACY_FORMAT_VERSION:
+            return {
+                "format_version": LEGACY_FORMAT_VERSION,
+                "generation": self.generation,
+                "model": self.model.to_json() if self.model else None,
+                "dim": self.dim,
+                "metric": METRIC,
+                "factory": self.factory,
+                "count": self.count,
+                "files": {name: entry.to_json() for name, entry in self.files.items()},
+                "created": self.created,
+                "updated": self.updated,
+            }
         return {
             "format_version": FORMAT_VERSION,
             "generation": self.generation,
@@ -113,20 +222,29 @@ class Manifest:
             "metric": METRIC,
             "factory": self.factory,
             "count": self.count,
-            "files": {name: entry.to_json() for name, entry in self.files.items()},
+            "next_id": self.next_id,
+            "search_params": dict(self.search_params),
+            "quantizer": self.quantizer.to_json() if self.quantizer else None,
+            "segments": [segment.to_json() for segment in self.segments],
             "created": self.created,
             "updated": self.updated,
         }
 
 
-def sha256_file(path: Path) -> FileEntry:
-    """Checksum a file by streaming it (model files can be hundreds of MB)."""
+def sha256_file(path: Path, bytes_per_s: float | None = None) -> FileEntry:
+    """Checksum a file by streaming it (model files can be hundreds of MB), at most
+    `bytes_per_s` when given."""
     digest = hashlib.sha256()
     size = 0
+    started = time.monotonic()
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
+            if bytes_per_s:
+                ahead = size / bytes_per_s - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
     return FileEntry(digest.hexdigest(), size)
 
 
@@ -160,6 +278,42 @@ def _parse_model(raw: Any, where: Path) -> ModelEntry | None:
     return ModelEntry(raw.get("fingerprint"), name, _parse_entry(raw, name, where))
 
 
+def _parse_named(raw: Any, where: Path, pattern: re.Pattern[str]) -> NamedFile:
+    if not isinstance(raw, dict) or not isinstance(raw.get("file"), str):
+        raise StoreError(f"{where} is invalid: a file entry without a name")
+    name = raw["file"]
+    if not pattern.fullmatch(name):
+        raise StoreError(f"{where} is invalid: unexpected file name {name!r}")
+    return NamedFile(name, _parse_entry(raw, name, where))
+
+
+_SEGMENT_FILE = re.compile(r"seg\.\d+\.(faiss|items\.sqlite|vectors\.npy)")
+_TOMBSTONE_FILE = re.compile(r"seg\.\d+\.del\.\d+\.npy")
+_QUANTIZER_FILE = re.compile(r"quantizer\.\d+\.faiss")
+
+
+def _parse_segment(raw: Any, where: Path) -> SegmentEntry:
+    if not isinstance(raw, dict):
+        raise StoreError(f"{where} is invalid: a segment entry is not an object")
+    number = _require(raw, "number", int, where)
+    files = {}
+    for name, entry in _require(raw, "files", dict, where).items():
+        if not (_SEGMENT_FILE.fullmatch(name) and name.startswith(f"seg.{number}.")):
+            raise StoreError(f"{where} is invalid: unexpected segment file name {name!r}")
+        files[name] = _parse_entry(entry, name, where)
+    for name in (segment_index_file(number), segment_items_file(number)):
+        if name not in files:
+            raise StoreError(f"{where} is invalid: segment {number} does not list {name}")
+    tombstones = None
+    if raw.get("tombstones") is not None:
+        named = _parse_named(raw["tombstones"], where, _TOMBSTONE_FILE)
+        count = raw["tombstones"].get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise StoreError(f"{where} is invalid: segment {number}'s tombstone count")
+        tombstones = TombstoneEntry(named.name, named.checksum, count)
+    return SegmentEntry(number, _require(raw, "rows", int, where), files, tombstones)
+
+
 def parse_manifest(data: Any, where: Path) -> Manifest:
     """Validate the JSON of a manifest; StoreError names the first problem found."""
     if not isinstance(data, dict):
@@ -173,24 +327,41 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
     if data.get("metric") != METRIC:
         raise StoreError(f"{where} has metric {data.get('metric')!r}; only {METRIC!r} is known")
     generation = _require(data, "generation", int, where)
-    raw_files = _require(data, "files", dict, where)
-    files = {}
-    for name, raw in raw_files.items():
-        if not _STORE_FILE.fullmatch(name):
-            raise StoreError(f"{where} is invalid: unexpected file name {name!r}")
-        files[name] = _parse_entry(raw, name, where)
-    for name in (index_file(generation), items_file(generation)):
-        if name not in files:
-            raise StoreError(f"{where} is invalid: it does not list {name}")
+    common = {
+        "generation": generation,
+        "dim": _require(data, "dim", int, where),
+        "factory": _require(data, "factory", str, where),
+        "count": _require(data, "count", int, where),
+        "model": _parse_model(data.get("model"), where),
+        "created": str(data.get("created", "")),
+        "updated": str(data.get("updated", "")),
+    }
+    if version == LEGACY_FORMAT_VERSION:
+        files = {}
+        for name, raw in _require(data, "files", dict, where).items():
+            if not _STORE_FILE.fullmatch(name):
+                raise StoreError(f"{where} is invalid: unexpected file name {name!r}")
+            files[name] = _parse_entry(raw, name, where)
+        for name in (index_file(generation), items_file(generation)):
+            if name not in files:
+                raise StoreError(f"{where} is invalid: it does not list {name}")
+        return Manifest(**common, format_version=version, files=files)
+    raw_segments = data.get("segments")
+    if not isinstance(raw_segments, list):
+        raise StoreError(f"{where} is invalid: field 'segments' is missing or malformed")
+    quantizer = data.get("quantizer")
+    params = data.get("search_params") or {}
+    if not isinstance(params, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in params.values()
+    ):
+        raise StoreError(f"{where} is invalid: field 'search_params' is malformed")
     return Manifest(
-        generation=generation,
-        dim=_require(data, "dim", int, where),
-        factory=_require(data, "factory", str, where),
-        count=_require(data, "count", int, where),
-        files=files,
-        model=_parse_model(data.get("model"), where),
-        created=str(data.get("created", "")),
-        updated=str(data.get("updated", "")),
+        **common,
+        format_version=version,
+        segments=tuple(_parse_segment(raw, where) for raw in raw_segments),
+        quantizer=None if quantizer is None else _parse_named(quantizer, where, _QUANTIZER_FILE),
+        next_id=_require(data, "next_id", int, where),
+        search_params={str(k): int(v) for k, v in params.items()},
     )
 
 
@@ -258,11 +429,14 @@ def read_verified(directory: Path, name: str, expected: FileEntry) -> bytes:
     return data
 
 
-def verify_file(directory: Path, name: str, expected: FileEntry) -> Path:
-    """Check DIR/name against the manifest by streaming it (for files not loaded here)."""
+def verify_file(
+    directory: Path, name: str, expected: FileEntry, bytes_per_s: float | None = None
+) -> Path:
+    """Check DIR/name against the manifest by streaming it (for files not loaded here);
+    `bytes_per_s` paces the reading (a background scrub must not starve searches)."""
     path = directory / name
     try:
-        actual = sha256_file(path)
+        actual = sha256_file(path, bytes_per_s)
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; the index is incomplete") from None
     except OSError as exc:

@@ -65,7 +65,7 @@ def default_nprobe(nlist: int) -> int:
     return min(nlist, max(8, nlist // 16))
 
 
-def _core(index: faiss.Index) -> faiss.Index:
+def core_index(index: faiss.Index) -> faiss.Index:
     """The index that does the work: the one inside an IndexIDMap2, else `index` itself."""
     if isinstance(index, faiss.IndexIDMap):
         return faiss.downcast_index(index.index)
@@ -183,11 +183,11 @@ class VectorIndex:
     def removable(self) -> bool:
         """Whether remove_ids works correctly here (else the store keeps tombstones)."""
         return isinstance(self.cpu, faiss.IndexIVF) or isinstance(
-            _core(self.cpu), faiss.IndexFlatCodes
+            core_index(self.cpu), faiss.IndexFlatCodes
         )
 
     def search_settings(self) -> dict[str, int]:
-        core = _core(self.cpu)
+        core = core_index(self.cpu)
         if isinstance(core, faiss.IndexIVF):
             return {"nprobe": int(core.nprobe), "nlist": int(core.nlist)}
         if isinstance(core, faiss.IndexHNSW):
@@ -296,7 +296,7 @@ class VectorIndex:
     def _params(self, index: faiss.Index, selector: Selector) -> faiss.SearchParameters:
         """SearchParameters of the type `index` demands, carrying its own nprobe/efSearch
         (a bare SearchParametersIVF would silently reset nprobe to 1)."""
-        core = _core(index)
+        core = core_index(index)
         if isinstance(core, faiss.IndexIVF):
             return faiss.SearchParametersIVF(sel=selector, nprobe=core.nprobe)
         if isinstance(core, faiss.IndexHNSW):

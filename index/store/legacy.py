@@ -1,0 +1,87 @@
+"""Format-1 index directories: read as they are, converted by `upgrade`.
+
+Format 1 kept one generation as two files, index.<g>.faiss and items.<g>.sqlite (with
+every vector as a blob), each fully verified and loaded at open. Such a directory
+opens read-only here: its generation becomes the store's in-memory segment, so
+search, get and evaluation work as before, while save() and a journalling open ask
+for `vitrieval-index upgrade DIR`. The upgrade seals that segment into format-2
+files and replaces the manifest: the manifest is the commit point, so a crash before
+it leaves the format-1 index as it was, and its old files are removed only after.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import faiss
+
+from . import manifest as mf
+from .errors import StoreError
+from .items import ItemTable
+from .memory_segment import MemorySegment
+from .vectors import VectorIndex
+
+if TYPE_CHECKING:
+    from .core import IndexStore
+
+
+def open_legacy(
+    cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str
+) -> IndexStore:
+    """A format-1 generation as a read-only store (every file verified, as format 1 did)."""
+    g = manifest.generation
+    if manifest.model and manifest.model.file and manifest.model.checksum:
+        mf.verify_file(directory, manifest.model.file, manifest.model.checksum)
+    index_name, items_name = mf.index_file(g), mf.items_file(g)
+    vectors = VectorIndex.from_bytes(
+        mf.read_verified(directory, index_name, manifest.files[index_name]),
+        directory / index_name,
+        manifest.dim,
+        gpu,
+    )
+    items = ItemTable.from_bytes(
+        mf.read_verified(directory, items_name, manifest.files[items_name]),
+        directory / items_name,
+    )
+    template = faiss.clone_index(vectors.cpu)
+    template.reset()  # trained, empty: what new segments start from
+    segment = MemorySegment(vectors, items)
+    store = cls(
+        directory,
+        factory=manifest.factory,
+        dim=manifest.dim,
+        template=template,
+        gpu=gpu,
+        model=manifest.model,
+        committed=manifest,
+        growing=segment,
+        legacy=True,
+    )
+    rows = segment.live_count + len(segment.tombstones)
+    if rows != vectors.ntotal or segment.live_count != manifest.count:
+        store.close()
+        raise StoreError(
+            f"{directory} is inconsistent: {vectors.ntotal} vectors, {rows} item rows, "
+            f"manifest count {manifest.count}"
+        )
+    store._dirty = False
+    return store
+
+
+def upgrade(directory: str | Path) -> tuple[int, int]:
+    """Convert a format-1 index directory to format 2 in place; returns (format found,
+    items). Journalled mutations are replayed and included. A no-op for format 2."""
+    from .core import IndexStore
+
+    store = IndexStore.open(directory)
+    try:
+        if not store._legacy:
+            return mf.FORMAT_VERSION, len(store)
+        store._legacy = False
+        store._dirty = True
+        store._quantizer_dirty = store._trainable
+        store.save()
+        return mf.LEGACY_FORMAT_VERSION, len(store)
+    finally:
+        store.close()

@@ -1,0 +1,367 @@
+"""Sealed segments: immutable files written once, memory-mapped, checksummed once.
+
+One sealed segment n of an index directory is::
+
+    seg.<n>.faiss          the segment's FAISS index (store layout, ids = item ids),
+                           opened memory-mapped and read-only
+    seg.<n>.items.sqlite   items(id, key, label, path, metadata, row): `row` is the
+                           item's position in the vectors (rows are in id order);
+                           opened read-only, queried on disk, never loaded whole
+    seg.<n>.vectors.npy    float32 (rows, dim), memory-mapped: the exact vectors, for
+                           every factory but "Flat" (whose FAISS file holds them)
+    seg.<n>.del.<g>.npy    the segment's tombstones as of generation g (sorted int64
+                           ids of items removed since it was sealed); small, rewritten
+                           by the save that changes them
+
+The manifest records every file's sha256 and size. Opening checks sizes and headers
+only (a 15 GB segment opens in milliseconds); `verify()` reads every byte, and the
+store runs it when a segment is sealed, before a merge reads a segment, on
+`vitrieval-index verify`, at open when asked, and in the service's background scrub.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from ..atomic import atomic_path
+from . import manifest as mf
+from .errors import StoreError, faiss_reason
+from .items import ItemRecord
+from .memory_segment import SegmentRow
+from .vectors import VectorIndex, core_index
+
+# FAISS maps inverted lists (IO_FLAG_MMAP) or flat codes (IO_FLAG_MMAP_IFC) from the
+# file instead of reading them: resident memory follows the pages searches touch. The
+# two flags do not combine; IVF files start with the fourcc "Iw..".
+IVF_MMAP_FLAGS = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
+FLAT_MMAP_FLAGS = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_ITEMS_SCHEMA = """
+CREATE TABLE items (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL,
+    label TEXT,
+    path TEXT,
+    metadata TEXT NOT NULL,
+    row INTEGER NOT NULL
+)
+"""
+_ITEMS_INDEXES = (
+    # not unique: a segment sealed with tombstones (HNSW) can hold a removed row and its
+    # replacement under one key; the store keeps keys unique among live rows
+    "CREATE INDEX items_key ON items(key)",
+    "CREATE INDEX items_label ON items(label)",
+)
+_IN_CHUNK = 500
+
+
+def _placeholders(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def stores_vectors_in_faiss(factory: str) -> bool:
+    """Whether the FAISS file of `factory` holds the exact float32 vectors, so no
+    separate vectors file is written ("Flat" only: IVF/HNSW flat storage is not
+    addressable by position)."""
+    return factory == "Flat"
+
+
+class SealedSegment:
+    """A sealed segment opened from its files; tombstones are the only thing that
+    changes (`pending_tombstones` until the next save writes them)."""
+
+    def __init__(
+        self, directory: Path, entry: mf.SegmentEntry, dim: int, gpu: str, factory: str
+    ) -> None:
+        self.directory = directory
+        self.entry = entry
+        self.number = entry.number
+        self.dim = dim
+        for name, expected in entry.files.items():
+            _check_size(directory / name, expected)
+        self.vectors = VectorIndex(self._read_faiss(), gpu)
+        self._db = self._open_items()
+        self._raw = self._open_vectors(factory)
+        self.committed_tombstones = self._read_tombstones()
+        self.pending_tombstones: set[int] = set()
+        self.live_count = entry.rows - len(self.committed_tombstones)
+        self.damaged: str | None = None  # why a verification failed: out of service
+
+    # -- opening ---------------------------------------------------------------------
+
+    def _read_faiss(self) -> faiss.Index:
+        path = self.directory / mf.segment_index_file(self.number)
+        with open(path, "rb") as fh:
+            flags = IVF_MMAP_FLAGS if fh.read(2) == b"Iw" else FLAT_MMAP_FLAGS
+        try:
+            index = faiss.read_index(str(path), flags)
+        except RuntimeError as exc:
+            raise StoreError(f"{path} is not a readable FAISS index: {faiss_reason(exc)}") from None
+        if index.d != self.dim or index.ntotal != self.entry.rows:
+            raise StoreError(
+                f"{path} holds {index.ntotal} {index.d}-d vectors; the manifest says "
+                f"{self.entry.rows} of {self.dim}-d"
+            )
+        return index
+
+    def _open_items(self) -> sqlite3.Connection:
+        path = self.directory / mf.segment_items_file(self.number)
+        with open(path, "rb") as fh:
+            if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                raise StoreError(f"{path} is not an SQLite database (damaged header)")
+        try:
+            db = sqlite3.connect(
+                f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False
+            )
+            (rows,) = db.execute("SELECT COUNT(*) FROM items").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path} is not a readable item table: {exc}") from None
+        if rows != self.entry.rows:
+            db.close()
+            raise StoreError(f"{path} holds {rows} items; the manifest says {self.entry.rows}")
+        return db
+
+    def _open_vectors(self, factory: str) -> np.ndarray:
+        if stores_vectors_in_faiss(factory):
+            core = core_index(self.vectors.cpu)
+            if not isinstance(core, faiss.IndexFlat):
+                raise StoreError(f"segment {self.number}: a Flat factory without a flat index")
+            # a zero-copy view of the memory-mapped codes
+            return faiss.rev_swig_ptr(core.get_xb(), core.ntotal * self.dim).reshape(
+                core.ntotal, self.dim
+            )
+        path = self.directory / mf.segment_vectors_file(self.number)
+        try:
+            raw = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path} is not a readable vectors file: {exc}") from None
+        if raw.shape != (self.entry.rows, self.dim) or raw.dtype != np.dtype("<f4"):
+            raise StoreError(f"{path} holds {raw.shape} {raw.dtype}; expected float32 vectors")
+        return raw
+
+    def _read_tombstones(self) -> set[int]:
+        tomb = self.entry.tombstones
+        if tomb is None:
+            return set()
+        data = mf.read_verified(self.directory, tomb.name, tomb.checksum)
+        try:
+            ids = np.load(io.BytesIO(data), allow_pickle=False)
+        except ValueError as exc:
+            raise StoreError(f"{self.directory / tomb.name} is damaged: {exc}") from None
+        return set(ids.astype(np.int64).tolist())
+
+    def verify(self, bytes_per_s: float | None = None) -> None:
+        """Check every byte of the segment's files against the manifest (StoreError),
+        reading at most `bytes_per_s` when given."""
+        for name, expected in self.entry.files.items():
+            mf.verify_file(self.directory, name, expected, bytes_per_s)
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def tombstones(self) -> set[int]:
+        return self.committed_tombstones | self.pending_tombstones
+
+    @property
+    def ntotal(self) -> int:
+        return self.entry.rows
+
+    def retire(self, ids: np.ndarray) -> None:
+        fresh = set(ids.tolist()) - self.tombstones
+        self.pending_tombstones.update(fresh)
+        self.live_count -= len(fresh)
+
+    # -- reads -----------------------------------------------------------------------
+
+    def _select(self, sql: str, values: Sequence) -> Iterator[tuple]:
+        for start in range(0, len(values), _IN_CHUNK):
+            chunk = tuple(values[start : start + _IN_CHUNK])
+            yield from self._db.execute(sql.format(marks=_placeholders(len(chunk))), chunk)
+
+    def live_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        dead = self.tombstones
+        sql = "SELECT key, id FROM items WHERE key IN ({marks})"
+        return {key: i for key, i in self._select(sql, list(keys)) if i not in dead}
+
+    def get(self, key: str) -> ItemRecord | None:
+        dead = self.tombstones
+        rows = self._db.execute(
+            "SELECT id, label, path, metadata, row FROM items WHERE key = ?", (key,)
+        )
+        row = next((r for r in rows if r[0] not in dead), None)
+        if row is None:
+            return None
+        _, label, path, metadata, position = row
+        vector = np.array(self._raw[position], dtype=np.float32)
+        return ItemRecord(key, label, path, json.loads(metadata), vector)
+
+    def label_ids(self, label: str) -> np.ndarray:
+        rows = self._db.execute("SELECT id FROM items WHERE label = ? ORDER BY id", (label,))
+        dead = self.tombstones
+        return np.fromiter((i for (i,) in rows if i not in dead), dtype=np.int64)
+
+    def describe(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, str | None, str]]:
+        sql = "SELECT id, key, label, path, metadata FROM items WHERE id IN ({marks})"
+        return {row[0]: row[1:] for row in self._select(sql, sorted(set(ids)))}
+
+    def top_k(
+        self, queries: np.ndarray, k: int, allowed: np.ndarray | None, blocked: np.ndarray
+    ) -> list[list[tuple[int, float]]]:
+        dead = self.tombstones
+        if dead:
+            blocked = np.union1d(blocked, np.fromiter(dead, dtype=np.int64, count=len(dead)))
+        return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked)
+
+    def keys_by_id(self) -> list[tuple[int, str]]:
+        dead = self.tombstones
+        rows = self._db.execute("SELECT id, key FROM items ORDER BY id")
+        return [(i, k) for i, k in rows if i not in dead]
+
+    def labelled(self, dim: int) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
+        dead = self.tombstones
+        rows = [
+            row
+            for row in self._db.execute(
+                "SELECT id, key, label, row FROM items WHERE label IS NOT NULL ORDER BY id"
+            )
+            if row[0] not in dead
+        ]
+        positions = np.fromiter((r[3] for r in rows), dtype=np.int64, count=len(rows))
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        vectors = np.asarray(self._raw[positions], dtype=np.float32).reshape(len(rows), dim)
+        return ids, [r[1] for r in rows], [r[2] for r in rows], vectors
+
+    def count_labelled(self) -> int:
+        dead = self.tombstones
+        if not dead:
+            (n,) = self._db.execute("SELECT COUNT(*) FROM items WHERE label IS NOT NULL").fetchone()
+            return int(n)
+        rows = self._db.execute("SELECT id FROM items WHERE label IS NOT NULL")
+        return sum(1 for (i,) in rows if i not in dead)
+
+    def live_rows(
+        self, batch: int = 8192, dead: set[int] | None = None
+    ) -> Iterator[tuple[list[SegmentRow], np.ndarray]]:
+        """(rows, float32 (b, dim) vectors) of the live items in id order, in batches:
+        what a merge copies into a new segment. `dead`: the tombstones to skip
+        (default: the current ones)."""
+        dead = self.tombstones if dead is None else dead
+        cursor = self._db.execute(
+            "SELECT id, key, label, path, metadata, row FROM items ORDER BY id"
+        )
+        while chunk := cursor.fetchmany(batch):
+            live = [row for row in chunk if row[0] not in dead]
+            if not live:
+                continue
+            positions = np.fromiter((r[5] for r in live), dtype=np.int64, count=len(live))
+            vectors = np.asarray(self._raw[positions], dtype=np.float32)
+            yield [row[:5] for row in live], vectors.reshape(len(live), self.dim)
+
+    def close(self) -> None:
+        self._db.close()
+        self._raw = None  # type: ignore[assignment]
+
+
+def _check_size(path: Path, expected: mf.FileEntry) -> None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise StoreError(f"{path} is missing; the index is incomplete") from None
+    if size != expected.bytes:
+        raise StoreError(
+            f"{path} has {size} bytes, the manifest says {expected.bytes} (truncated or "
+            "altered); refusing to load it"
+        )
+
+
+# -- writing --------------------------------------------------------------------------
+
+
+def write_segment(
+    directory: Path,
+    number: int,
+    template: faiss.Index,
+    batches: Iterable[tuple[list[SegmentRow], np.ndarray]],
+    rows: int,
+    *,
+    factory: str,
+    prebuilt: faiss.Index | None = None,
+) -> mf.SegmentEntry:
+    """Write sealed segment `number` from `batches` of (rows, float32 (b, dim) vectors)
+    in id order, `rows` in all; durably (temp file, fsync, rename) and checksummed.
+
+    `template` is an empty index of the store's factory (trained, for IVF/PQ) that the
+    vectors are added to; `prebuilt`, when given, is an index already holding exactly
+    these vectors under these ids (a growing segment without tombstones), written as is.
+    """
+    dim = template.d
+    index = prebuilt if prebuilt is not None else faiss.clone_index(template)
+    keep_vectors = not stores_vectors_in_faiss(factory)
+    items_name = mf.segment_items_file(number)
+    vectors_name = mf.segment_vectors_file(number)
+    index_name = mf.segment_index_file(number)
+    files: dict[str, mf.FileEntry] = {}
+    with contextlib.ExitStack() as stack:
+        items_tmp = stack.enter_context(atomic_path(directory / items_name))
+        vectors_tmp = (
+            stack.enter_context(atomic_path(directory / vectors_name)) if keep_vectors else None
+        )
+        index_tmp = stack.enter_context(atomic_path(directory / index_name))
+        db = sqlite3.connect(items_tmp)
+        raw = (
+            np.lib.format.open_memmap(vectors_tmp, mode="w+", dtype="<f4", shape=(rows, dim))
+            if keep_vectors
+            else None
+        )
+        written = 0
+        try:
+            db.execute("PRAGMA journal_mode=OFF")
+            db.execute(_ITEMS_SCHEMA)
+            for chunk, vectors in batches:
+                n = len(chunk)
+                db.executemany(
+                    "INSERT INTO items VALUES (?,?,?,?,?,?)",
+                    [(*row, written + j) for j, row in enumerate(chunk)],
+                )
+                if raw is not None:
+                    raw[written : written + n] = vectors
+                if prebuilt is None:
+                    index.add_with_ids(vectors, np.fromiter((r[0] for r in chunk), np.int64, n))
+                written += n
+            for statement in _ITEMS_INDEXES:
+                db.execute(statement)
+            db.commit()
+        finally:
+            db.close()
+            if raw is not None:
+                raw.flush()
+                del raw
+        if written != rows or index.ntotal != rows:
+            raise StoreError(f"segment {number}: {written} rows written, {rows} expected")
+        faiss.write_index(index, str(index_tmp))
+        files[items_name] = mf.sha256_file(items_tmp)
+        files[index_name] = mf.sha256_file(index_tmp)
+        if vectors_tmp is not None:
+            files[vectors_name] = mf.sha256_file(vectors_tmp)
+    return mf.SegmentEntry(number=number, rows=rows, files=files, tombstones=None)
+
+
+def write_tombstones(
+    directory: Path, number: int, generation: int, ids: set[int]
+) -> mf.TombstoneEntry:
+    """Write segment `number`'s tombstones as of `generation` (durably, checksummed)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(sorted(ids), dtype="<i8"), allow_pickle=False)
+    name = mf.tombstone_file(number, generation)
+    with atomic_path(directory / name) as tmp:
+        tmp.write_bytes(buffer.getvalue())
+        entry = mf.sha256_file(tmp)
+    return mf.TombstoneEntry(name, entry, len(ids))

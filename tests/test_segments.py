@@ -1,0 +1,319 @@
+"""The segmented store: search over segments equals one index, saves cost the change,
+merges run beside searches and adds and survive SIGKILL, and format-1 directories
+open read-only and upgrade in place."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+from store_helpers import as_pairs, brute_force, exact_vectors, unit_vectors
+
+from index.store import IndexStore, StoreError, upgrade
+from index.store import segment as segment_module
+from index.store.merge import MAX_SEGMENTS, pick_merge
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def saved_in_parts(directory: Path, x: np.ndarray, parts: int, **kwargs) -> IndexStore:
+    """A store over `x` (keys str(row), labels row % 4) saved after each of `parts`
+    slices: one sealed segment per slice, unless a merge folded some."""
+    store = IndexStore.create(directory, dim=x.shape[1], **kwargs)
+    if store.needs_training():
+        store.train(x)
+    for chunk in np.array_split(np.arange(len(x)), parts):
+        store.add([str(i) for i in chunk], x[chunk], labels=[str(i % 4) for i in chunk])
+        store.save()
+    return store
+
+
+def test_flat_search_over_segments_equals_one_segment(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = exact_vectors(rng, 600)
+    x = np.concatenate([x, x[:40]])  # exact ties across segments
+    queries = np.concatenate([x[:10], exact_vectors(rng, 20)])
+    many = saved_in_parts(tmp_path / "many", x, 6)
+    one = saved_in_parts(tmp_path / "one", x, 1)
+    assert len(many._sealed) == 6 and len(one._sealed) == 1
+    many.remove(["3", "333", "610"])  # tombstones in sealed segments
+    one.remove(["3", "333", "610"])
+    for kwargs in ({}, {"label": "2"}, {"exclude_keys": ["0", "5", "620"]}):
+        assert many.search(queries, 25, **kwargs) == one.search(queries, 25, **kwargs)
+    keep = np.ones(len(x), bool)
+    keep[[3, 333, 610]] = False
+    assert as_pairs(many.search(queries, 25)) == brute_force(queries, x, 25, keep)
+    assert many.keys() == one.keys()
+    for key in ("0", "599", "639"):
+        assert np.array_equal(many.get(key).vector, one.get(key).vector)
+    assert many.get("333") is None
+    keys_m, labels_m, vectors_m = many.labelled_items()
+    keys_o, labels_o, vectors_o = one.labelled_items()
+    assert keys_m == keys_o and labels_m == labels_o and np.array_equal(vectors_m, vectors_o)
+
+
+@pytest.mark.parametrize("factory", ["IVF16,Flat", "HNSW16", "IVF16,PQ8"])
+def test_approximate_factories_keep_their_recall_over_segments(tmp_path: Path, factory) -> None:
+    rng = np.random.default_rng(1)
+    x, queries = unit_vectors(rng, 2000), unit_vectors(rng, 50)
+    exact = brute_force(queries, x, 10)
+
+    def recall(store: IndexStore) -> float:
+        found = store.search(queries, 10)
+        hits = [
+            len({int(h.key) for h in row} & {i for i, _ in truth})
+            for row, truth in zip(found, exact, strict=True)
+        ]
+        return sum(hits) / (10 * len(queries))
+
+    many = saved_in_parts(tmp_path / "many", x, 5, factory=factory)
+    one = saved_in_parts(tmp_path / "one", x, 1, factory=factory)
+    for store in (many, one):
+        params = {"ef_search": 128} if "HNSW" in factory else {"nprobe": 16}
+        store.set_search_params(**params)
+    assert recall(many) >= recall(one) - 0.05, (recall(many), recall(one))
+    many.save()  # the search settings are saved with the index
+    reopened = IndexStore.open(tmp_path / "many")
+    assert reopened.search(queries, 10) == many.search(queries, 10)
+
+
+def test_a_save_writes_only_what_changed(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    x = unit_vectors(rng, 5000)
+    store = saved_in_parts(tmp_path / "idx", x[:4990], 1)
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "idx").iterdir()}
+    store.add([str(i) for i in range(4990, 5000)], x[4990:])
+    store.remove(["7"])
+    store.save()
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "idx").iterdir()}
+    unchanged = {name for name in before if after.get(name) == before[name]}
+    assert {"seg.1.faiss", "seg.1.items.sqlite"} <= unchanged  # the big segment is not rewritten
+    written = sorted(set(after) - unchanged)
+    assert written == ["manifest.json", "seg.1.del.2.npy", "seg.2.faiss", "seg.2.items.sqlite"]
+    sizes = {name: (tmp_path / "idx" / name).stat().st_size for name in written}
+    assert sum(sizes.values()) < 0.02 * (tmp_path / "idx" / "seg.1.faiss").stat().st_size
+    reopened = IndexStore.open(tmp_path / "idx")
+    assert len(reopened) == 4999 and "7" not in reopened and "4999" in reopened
+
+
+def test_merge_policy() -> None:
+    class Seg:
+        def __init__(self, live: int, dead: int = 0) -> None:
+            self.live_count, self.ntotal, self.tombstones = live, live + dead, set(range(dead))
+
+    assert pick_merge([Seg(100)] * MAX_SEGMENTS) == []
+    sizes = [1000, 5, 900, 7, 800, 3, 700, 600, 500]  # one over the limit
+    assert pick_merge([Seg(n) for n in sizes]) == [1, 5]  # the two smallest
+    assert pick_merge([Seg(100, 30), Seg(10)]) == [0]  # worn out: rewritten alone
+    assert pick_merge([Seg(100, 20)]) == []  # 20% is not above the limit
+    assert pick_merge([Seg(10), Seg(20)], everything=True) == [0, 1]
+
+
+def test_saves_keep_the_segment_count_bounded_and_merges_drop_tombstones(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    x = exact_vectors(rng, 1200)
+    queries = exact_vectors(rng, 10)
+    store = saved_in_parts(tmp_path / "idx", x, 30)
+    assert len(store._sealed) <= MAX_SEGMENTS
+    store.remove([str(i) for i in range(0, 1200, 2)])
+    store.save()
+    store.merge(everything=True)
+    assert len(store._sealed) == 1 and store.info()["deleted"] == 0 and len(store) == 600
+    keep = np.arange(1200) % 2 == 1
+    assert as_pairs(store.search(queries, 10)) == brute_force(queries, x, 10, keep)
+    assert as_pairs(IndexStore.open(tmp_path / "idx").search(queries, 10)) == brute_force(
+        queries, x, 10, keep
+    )
+
+
+def test_searches_and_writes_go_on_during_a_merge(tmp_path: Path, monkeypatch) -> None:
+    """A merge writes its segment outside the store's lock: searches and adds run while
+    it does, and a removal made meanwhile of a merged item survives into the new segment."""
+    rng = np.random.default_rng(4)
+    x = exact_vectors(rng, 900)
+    store = saved_in_parts(tmp_path / "idx", x[:800], 4)
+    real_write = segment_module.write_segment
+    during: list[str] = []
+
+    def slow_write(*args, **kwargs):
+        result = real_write(*args, **kwargs)
+        # while the merge holds no store lock: search, add and remove
+        assert store.search(x[:1], 1)[0][0].key == "0"
+        store.add(["800"], x[800:801])
+        assert store.remove(["10"]) == 1  # an item being merged
+        during.append("done")
+        return result
+
+    monkeypatch.setattr(segment_module, "write_segment", slow_write)
+    import index.store.persist as persist_module
+
+    monkeypatch.setattr(persist_module, "write_segment", slow_write)
+    merger = threading.Thread(target=store.merge, kwargs={"everything": True})
+    merger.start()
+    merger.join(60)
+    assert during == ["done"] and len(store._sealed) == 1
+    assert "10" not in store and "800" in store and len(store) == 800
+    store.save()
+    reopened = IndexStore.open(tmp_path / "idx")
+    assert "10" not in reopened and "800" in reopened and len(reopened) == 800
+
+
+def test_checkpoints_do_not_hold_the_search_lock(tmp_path: Path, monkeypatch) -> None:
+    rng = np.random.default_rng(5)
+    x = unit_vectors(rng, 400)
+    store = saved_in_parts(tmp_path / "idx", x[:300], 1)
+    store.add([str(i) for i in range(300, 400)], x[300:])
+    import index.store.core as core_module
+
+    real_write = core_module.write_segment
+    searched = []
+
+    def write_and_search(*args, **kwargs):
+        thread = threading.Thread(target=lambda: searched.append(store.search(x[350:351], 1)))
+        thread.start()
+        thread.join(10)  # would dead-lock if the save held the lock
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(core_module, "write_segment", write_and_search)
+    store.save()
+    assert searched and searched[0][0][0].key == "350"  # the segment being sealed answers
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from index.store import IndexStore
+
+    store = IndexStore.open(sys.argv[1])
+    print("ready", flush=True)
+    while True:
+        store.merge(everything=True)
+        print("merged", flush=True)
+        store.remove(["k0"]); store.add(["k0"], store.get("k1").vector[None, :] * 1.0)
+        store.save()
+    """
+)
+
+
+def test_sigkill_during_merges_leaves_the_last_commit_loadable(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    x = exact_vectors(rng, 3000)
+    queries = exact_vectors(rng, 5)
+    saved_in_parts(tmp_path / "idx", x, 4).close()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    pace = random.Random(7)
+    keys = {str(i) for i in range(3000)}
+    for _ in range(8):
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tmp_path / "idx")],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(pace.uniform(0.05, 0.6))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        store = IndexStore.open(tmp_path / "idx", verify=True)
+        found = set(store.keys())
+        assert found - {"k0"} == keys  # every item, whatever the moment of the kill
+        hits = store.search(queries, 10)
+        truth = brute_force(queries, x, 10)
+        assert [[h.key for h in row] for row in hits] == [[str(i) for i, _ in t] for t in truth]
+        store.close()
+
+
+# -- format 1 ---------------------------------------------------------------------------
+
+
+def write_format_1(directory: Path, x: np.ndarray, deleted: set[int] = frozenset()) -> None:
+    """A format-1 index directory as earlier releases wrote it: one generation, a FAISS
+    file (IndexIDMap2 over IndexFlatIP, ids = item ids) and an SQLite item table with
+    every vector, listed with their checksums in manifest.json."""
+    directory.mkdir(parents=True)
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(x.shape[1]))
+    index.add_with_ids(x, np.arange(len(x), dtype=np.int64))
+    faiss.write_index(index, str(directory / "index.1.faiss"))
+    with sqlite3.connect(directory / "items.1.sqlite") as db:
+        db.executescript(
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, key TEXT NOT NULL, label TEXT, "
+            "path TEXT, metadata TEXT NOT NULL DEFAULT '{}', vector BLOB NOT NULL, "
+            "deleted INTEGER NOT NULL DEFAULT 0);"
+        )
+        db.executemany(
+            "INSERT INTO items VALUES (?,?,?,?,?,?,?)",
+            [
+                (i, str(i), str(i % 4), None, "{}", x[i].astype("<f4").tobytes(), int(i in deleted))
+                for i in range(len(x))
+            ],
+        )
+    files = {}
+    for name in ("index.1.faiss", "items.1.sqlite"):
+        data = (directory / name).read_bytes()
+        files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    manifest = {
+        "format_version": 1,
+        "generation": 1,
+        "model": None,
+        "dim": x.shape[1],
+        "metric": "inner_product",
+        "factory": "Flat",
+        "count": len(x) - len(deleted),
+        "files": files,
+        "created": "2026-01-01T00:00:00+00:00",
+        "updated": "2026-01-01T00:00:00+00:00",
+    }
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_format_1_index_opens_read_only_and_upgrades_in_place(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    x = exact_vectors(rng, 300)
+    queries = exact_vectors(rng, 10)
+    write_format_1(tmp_path / "old", x)
+    old = IndexStore.open(tmp_path / "old")
+    assert old.info()["format_version"] == 1 and len(old) == 300
+    before = old.search(queries, 10)
+    assert as_pairs(before) == brute_force(queries, x, 10)
+    old.add(["new"], x[:1])  # in memory only: a format-1 folder is not written
+    with pytest.raises(StoreError, match=r"format 1.*vitrieval-index upgrade"):
+        old.save()
+    with pytest.raises(StoreError, match=r"format 1.*vitrieval-index upgrade"):
+        IndexStore.open(tmp_path / "old", journal=True)
+    assert upgrade(tmp_path / "old") == (1, 300)
+    names = sorted(p.name for p in (tmp_path / "old").iterdir())
+    assert names == [".lock", "manifest.json", "seg.1.faiss", "seg.1.items.sqlite"]
+    new = IndexStore.open(tmp_path / "old", journal=True, verify=True)
+    assert new.info()["format_version"] == 2 and new.search(queries, 10) == before
+    new.close()
+    assert upgrade(tmp_path / "old") == (2, 300)  # already done: nothing to do
+
+
+def test_an_upgrade_that_fails_midway_leaves_format_1(tmp_path: Path, monkeypatch) -> None:
+    x = exact_vectors(np.random.default_rng(9), 50)
+    write_format_1(tmp_path / "old", x)
+    import index.store.persist as persist_module
+
+    def failing_commit(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(persist_module.mf, "write_manifest", failing_commit)
+    with pytest.raises(OSError):
+        upgrade(tmp_path / "old")
+    monkeypatch.undo()
+    store = IndexStore.open(tmp_path / "old")
+    assert store.info()["format_version"] == 1 and len(store) == 50
