@@ -2,8 +2,8 @@
 
 The lifespan handler loads the model and the index once (or adopts a state the CLI
 already loaded, so start-up errors are reported before the server binds), starts the
-dynamic batcher and the checkpoint task, and on shutdown saves what the journal holds
-and closes the index.
+dynamic batcher and the index's upkeep (checkpoints, merges, scrub: maintenance.py),
+and on shutdown saves what the journal holds and closes the index.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
 from . import __version__
 from .errors import document_error_body, install_error_handlers
+from .maintenance import checkpoint_loop, final_save, scrub_loop
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
@@ -26,8 +26,6 @@ from .settings import Settings, get_settings
 from .state import ServiceState
 
 logger = logging.getLogger("vitrieval.service")
-
-CHECKPOINT_POLL_S = 0.5
 
 
 def create_app(settings: Settings | None = None, state: ServiceState | None = None) -> FastAPI:
@@ -47,7 +45,10 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
         loaded.ready = True
         metrics.ready.set(1)
         app.state.service = loaded
-        checkpointer = asyncio.create_task(_checkpoint_loop(loaded), name="vitrieval-checkpoint")
+        upkeep = [
+            asyncio.create_task(checkpoint_loop(loaded), name="vitrieval-checkpoint"),
+            asyncio.create_task(scrub_loop(loaded), name="vitrieval-scrub"),
+        ]
         logger.info(
             "serving %d items of %s with %s", len(loaded.store), settings.index, settings.model
         )
@@ -56,11 +57,12 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
         finally:
             loaded.ready = False
             metrics.ready.set(0)
-            checkpointer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checkpointer
+            for task in upkeep:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await loaded.batcher.stop()
-            await asyncio.to_thread(_final_save, loaded)
+            await asyncio.to_thread(final_save, loaded)
             loaded.close()
 
     app = FastAPI(
@@ -91,36 +93,3 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
-
-
-async def _checkpoint_loop(state: ServiceState) -> None:
-    """Save a generation when the journal holds `checkpoint_every` mutations, or holds
-    any for `checkpoint_interval_s`: keeps replay at start short and the journal small."""
-    settings = state.settings
-    if settings.read_only:
-        return
-    pending_since: float | None = None  # when the oldest unsaved mutation was seen
-    while True:
-        await asyncio.sleep(CHECKPOINT_POLL_S)
-        pending = state.store.journal_pending
-        if not pending:
-            pending_since = None
-            continue
-        pending_since = pending_since or time.monotonic()
-        due = time.monotonic() - pending_since >= settings.checkpoint_interval_s
-        if pending >= settings.checkpoint_every or due:
-            try:
-                await asyncio.to_thread(state.store.save)
-                pending_since = None
-            except Exception:  # the journal still holds everything: retry later
-                logger.exception("saving the index failed; mutations stay in the journal")
-                pending_since = time.monotonic()
-
-
-def _final_save(state: ServiceState) -> None:
-    if state.settings.read_only or not state.store.journal_pending:
-        return
-    try:
-        state.store.save()
-    except Exception:
-        logger.exception("final save failed; the journal keeps the mutations for next start")

@@ -84,6 +84,14 @@ class ServiceMetrics:
             "vitrieval_journal_pending", "mutations journalled but not yet saved", registry=r
         )
         self.ready = Gauge("vitrieval_ready", "1 once the model and index are loaded", registry=r)
+        self.damaged_segments = Gauge(
+            "vitrieval_index_damaged_segments",
+            "sealed segments that failed verification and are out of service",
+            registry=r,
+        )
+        self.merges = Counter(
+            "vitrieval_index_merges", "background merges of index segments", registry=r
+        )
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
@@ -97,10 +105,16 @@ class ServiceMetrics:
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage.labels(stage).observe(seconds)
 
-    def track_index(self, items: Callable[[], float], pending: Callable[[], float]) -> None:
-        """Read the index size and journal length at scrape time."""
+    def track_index(
+        self,
+        items: Callable[[], float],
+        pending: Callable[[], float],
+        damaged: Callable[[], float] = lambda: 0,
+    ) -> None:
+        """Read the index size, journal length and damaged segments at scrape time."""
         self.index_items.set_function(items)
         self.journal_pending.set_function(pending)
+        self.damaged_segments.set_function(damaged)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -104,6 +104,16 @@ class Settings(BaseSettings):
     checkpoint_interval_s: float = Field(
         30.0, gt=0, description="a pending journal is saved at least this often"
     )
+    scrub_interval_s: float = Field(
+        86_400.0,
+        ge=0,
+        description="verify every sealed segment's checksums this often (0: never); a "
+        "damaged segment is taken out of service and reported by /readyz",
+    )
+    scrub_delay_s: float = Field(60.0, ge=0, description="first scrub this long after start")
+    scrub_bytes_per_s: float = Field(
+        64 * 2**20, gt=0, description="how fast the scrub reads (it must not starve searches)"
+    )
     store_uploads: bool = Field(
         True, description="keep images added through /v1/items under INDEX/uploads (thumbnails)"
     )

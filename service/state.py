@@ -121,7 +121,11 @@ class ServiceState:
         except (ImageDecodeError, ValueError, RuntimeError) as exc:
             state.close()
             raise StartupError(f"self-check failed: {exc}") from None
-        metrics.track_index(lambda: len(store), lambda: store.journal_pending)
+        metrics.track_index(
+            lambda: len(store),
+            lambda: store.journal_pending,
+            lambda: len(store.damaged_segments()),
+        )
         return state
 
     def _self_check(self) -> dict[str, Any]:

@@ -1,62 +1,65 @@
-"""Crash-safe, verified FAISS index store: the index directory of DESIGN.md section 2.
+"""Crash-safe, verified FAISS index store in segments: the index directory.
 
-This docstring is the contract of the on-disk format (format_version 1)::
+This docstring is the contract of the on-disk format (format_version 2)::
 
     INDEX/
-      manifest.json       the commit point (below)
-      model.onnx          copy of the exported model the vectors came from (absent when
-                          the store was created without a model file)
-      index.<g>.faiss     faiss.write_index output of the CPU index of generation g
-      items.<g>.sqlite    SQLite item table of generation g
-      .lock               advisory lock taken by save() (empty; never read)
+      manifest.json            the commit point (below)
+      model.onnx               copy of the exported model the vectors came from
+      quantizer.<g>.faiss      the trained, empty index new segments start from (IVF,
+                               PQ: factories that train; absent for Flat and HNSW)
+      seg.<n>.faiss            sealed segment n: its FAISS index (store layout below)
+      seg.<n>.items.sqlite     sealed segment n: items(id, key, label, path, metadata,
+                               row); row = the item's position in seg.<n>.vectors.npy
+      seg.<n>.vectors.npy      sealed segment n: float32 (rows, dim), the exact vectors
+                               (absent for "Flat": its FAISS file holds them)
+      seg.<n>.del.<g>.npy      segment n's tombstones as of generation g (sorted int64)
+      journal.sqlite           the write-ahead journal of the growing segment (journal.py)
+      .lock, .journal.lock     advisory locks (empty; never read)
 
 manifest.json::
 
-    {"format_version": 1, "generation": g,
-     "model": {"file": "model.onnx", "fingerprint": "<sha256 of the weights>",
-               "sha256": "<of the file>", "bytes": n} | null,
-     "dim": D, "metric": "inner_product", "factory": "Flat", "count": <live items>,
-     "files": {"index.<g>.faiss": {"sha256": ..., "bytes": ...},
-               "items.<g>.sqlite": {"sha256": ..., "bytes": ...}},
+    {"format_version": 2, "generation": g, "model": {...} | null, "dim": D,
+     "metric": "inner_product", "factory": "Flat", "count": <live items>,
+     "next_id": <first unused item id>, "search_params": {"nprobe": 8},
+     "quantizer": {"file": "quantizer.<g>.faiss", "sha256": ..., "bytes": ...} | null,
+     "segments": [{"number": n, "rows": r,
+                   "files": {"seg.<n>.faiss": {"sha256": ..., "bytes": ...}, ...},
+                   "tombstones": {"file": "seg.<n>.del.<g>.npy", "sha256": ...,
+                                  "bytes": ..., "count": t} | null}, ...],
      "created": "<ISO 8601 UTC>", "updated": "<ISO 8601 UTC>"}
 
-- "model" is null without a fingerprint; with a fingerprint but no model file, "file",
-  "sha256" and "bytes" are null. The model copy is normally model.onnx; a store that
-  replaces (overwrite=True) a committed index with another model writes model.<g>.onnx
-  instead, so the committed model is never overwritten before the commit.
-- index.<g>.faiss: an IndexIDMap2 around the factory index, with FAISS ids = item
-  ids; except IVF factories ("IVF256,Flat", "IVF256,PQ16"), whose index holds the
-  item ids itself (IDMap2 over IVF corrupts its id map on remove_ids). Metric: inner
-  product (vectors are L2-normalised, so scores are cosines). The IVF nprobe and HNSW
-  efSearch settings are saved inside this file.
-- items.<g>.sqlite (rollback journal, not WAL)::
+- Sealed segments are immutable: written once (temp file, fsync, rename), checksummed
+  when sealed, never rewritten. Item ids are global and increase with every add, so
+  ties (equal scores) are ordered by id across segments as within one.
+- FAISS layout: an IndexIDMap2 around the factory index, ids = item ids; except IVF
+  factories, whose index holds the item ids itself (IDMap2 over IVF corrupts its id
+  map on remove_ids). Inner product on L2-normalised vectors (scores are cosines).
+- The growing segment lives in memory (memory_segment.py): every add goes there,
+  behind the journal. Removing an item of a sealed segment adds a tombstone.
+- Save: seal the growing segment into new segment files, write the tombstone lists
+  that changed (under the new generation's number), write the model copy or the
+  quantizer if new, then atomically replace manifest.json (the commit point), then
+  delete the files no longer listed. Its cost follows the change. Searches run
+  meanwhile: files are written outside the store's lock.
+- Merge (merge.py, persist.py): small segments, and segments more than 20% tombstones,
+  are folded into a new segment (tombstoned items dropped), committed the same way;
+  the merged segments' files are verified before they are read.
+- Open: read the manifest, check every listed file's size, parse the headers, and
+  memory-map the segments (FAISS's IO_FLAG_MMAP for IVF, IO_FLAG_MMAP_IFC for flat
+  codes; numpy's mmap for the vectors; SQLite opened read-only in place): nothing is
+  read whole. The model copy, the quantizer and the tombstone lists (small) are
+  verified in full. Every byte is verified by `verify()`, `open(verify=True)`, before
+  a merge reads a segment, and by the service's paced scrub; a segment that fails is
+  taken out of service.
+- A crash at any moment leaves the last committed generation loadable: nothing a
+  manifest lists is ever overwritten, and files it does not list are never read.
 
-      items(id INTEGER PRIMARY KEY, key TEXT NOT NULL, label TEXT, path TEXT,
-            metadata TEXT NOT NULL DEFAULT '{}' (a JSON object),
-            vector BLOB NOT NULL (dim little-endian float32), deleted INTEGER NOT NULL
-            DEFAULT 0)
-      UNIQUE INDEX items_live_key ON items(key) WHERE deleted = 0
-      INDEX items_live_label ON items(label) WHERE deleted = 0
+Format 1 (one generation: index.<g>.faiss and items.<g>.sqlite holding every vector)
+opens read-only (legacy.py); `upgrade()` (`vitrieval-index upgrade DIR`) converts it.
 
-  Every row's id is in the FAISS index (so FAISS ntotal == number of rows). deleted = 1
-  marks a tombstone: an item removed from an index type that cannot remove vectors
-  (HNSW); its key is free again (the uniqueness holds among live rows only).
-
-Save: write the new generation's files under temporary names, fsync, rename, fsync
-the folder; then atomically replace manifest.json (the commit point); then delete
-older generations and temp files of interrupted saves. Load: read manifest.json,
-check the size and sha256 of every file it lists (model copy included) and refuse
-any mismatch or missing file with StoreError; files it does not list are ignored.
-A crash at any moment therefore leaves the last committed generation loadable.
-
-Removal: Flat, SQ and PQ (in IDMap2) and IVF indexes remove vectors directly; other
-types (HNSW) keep tombstones, filtered out at search time, and compact() rebuilds the
-FAISS index from the live vectors kept in SQLite. save() compacts automatically when
-tombstones exceed 20% of the vectors in the index.
-
-GPU: with GPU FAISS and gpu="auto" (or "cuda"), search and training run on a GPU copy
-(faiss.index_cpu_to_all_gpus); the CPU index stays authoritative and is what is saved.
-gpu="cpu" never uses a GPU; gpu="cuda" without one is a StoreError.
+GPU: with GPU FAISS and gpu="auto" (or "cuda"), searches run on GPU copies of the
+segments; the CPU files stay authoritative. gpu="cpu" never uses a GPU; gpu="cuda"
+without one is a StoreError.
 """
 
 from .core import AUTO_COMPACT_FRACTION, IndexStore

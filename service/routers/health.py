@@ -33,13 +33,19 @@ async def readyz(request: Request) -> Any:
     state = getattr(request.app.state, "service", None)
     if state is None or not state.ready:
         return JSONResponse({"status": "loading", "checks": {}}, status_code=503)
+    damaged = state.store.damaged_segments()
     checks = {
         "model": True,
-        "index": True,
+        "index": not damaged,
         "self_check": state.self_check,
         "batcher": state.batcher.alive,
     }
-    if not state.batcher.alive:
+    if damaged:
+        # searches still answer, without the damaged segments' items: not ready
+        checks["damaged_segments"] = [
+            {"segment": number, "reason": reason} for number, reason in damaged
+        ]
+    if not state.batcher.alive or damaged:
         return JSONResponse({"status": "failing", "checks": checks}, status_code=503)
     return Status(status="ready", checks=checks)
 
@@ -78,6 +84,7 @@ async def info(state: ServiceDep) -> dict[str, Any]:
                 "gpu",
                 "search_params",
                 "journal_pending",
+                "segments",
             )
         },
         "service": {
