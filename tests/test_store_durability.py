@@ -239,7 +239,7 @@ def check_committed_state(directory: Path, last_reported: int) -> tuple[int, boo
     after (saved, but killed before it could report). Returns (generation, debris seen)."""
     listed = json.loads((directory / "manifest.json").read_text())
     store = IndexStore.open(directory)
-    gen = max((int(k.split("-")[0][1:]) for k in store.keys()), default=0)
+    gen = max((int(k.split("-")[0][1:]) for k in store), default=0)
     assert gen in (last_reported, last_reported + 1)
     batches = range(max(1, gen - CRASH_WINDOW + 1), gen + 1)
     expected_keys = [f"g{b}-{i}" for b in batches for i in range(CRASH_BATCH)]
