@@ -63,6 +63,13 @@ def _build(args: argparse.Namespace) -> int:
     from .build import build_index
     from .sources import read_sources
 
+    if (args.images is None) == (getattr(args, "embeddings", None) is None):
+        raise ValueError(
+            "build needs exactly one of --images and --embeddings: image files to embed, "
+            "or a folder of embeddings (from `vitrieval-index embed`, for one)"
+        )
+    if args.images is None:
+        return _build_embeddings(args)
     items = read_sources(args.images, args.labels_from_folders)
     out = Path(args.out)
     budget = _memory_budget(args)
@@ -77,13 +84,109 @@ def _build(args: argparse.Namespace) -> int:
         out,
         embedder,
         factory=_factory(args.factory, out, len(items), embedder.dim, budget),
-        save_every=args.save_every,
+        save_every=2048 if args.save_every is None else args.save_every,
         store=store,
     )
     for failure in report.failed[:10]:
         print(f"  skipped {failure['key']}: {failure['reason']}")
     if len(report.failed) > 10:
         print(f"  ... and {len(report.failed) - 10} more")
+    print(report.summary(out))
+    return 0
+
+
+def _build_embeddings(args: argparse.Namespace) -> int:
+    """`build --embeddings EMB`: the index of an embeddings folder, in bounded memory."""
+    from .build import build_from_embeddings
+    from .embeddings import EmbeddingsError, EmbeddingsFolder
+    from .store import IndexStore, StoreError
+
+    if args.labels_from_folders:
+        raise EmbeddingsError(
+            "--labels-from-folders applies to --images; an embeddings folder carries its labels"
+        )
+    folder = EmbeddingsFolder.open(args.embeddings)
+    out = Path(args.out)
+    budget = _memory_budget(args)
+    exists = (out / "manifest.json").exists()
+    model = Path(args.model) if args.model else folder.model
+    if args.model or not exists:
+        _check_embeddings_model(model, folder, given=bool(args.model))
+    if exists:
+        store = IndexStore.open(out, fingerprint=folder.fingerprint, dim=folder.dim)
+        if args.factory not in (None, "auto") and args.factory != store.factory:
+            raise StoreError(
+                f"{out} was built with factory {store.factory!r}, not {args.factory!r}"
+            )
+    else:
+        store = IndexStore.create(
+            out,
+            dim=folder.dim,
+            factory=_factory(args.factory, out, folder.count, folder.dim, budget) or "Flat",
+            fingerprint=folder.fingerprint,
+            model_path=model,
+        )
+    save_every = 1_000_000 if args.save_every is None else args.save_every
+    report = build_from_embeddings(folder, out, store, save_every=max(1, save_every))
+    present = f", {report.already_present} already present" if report.already_present else ""
+    print(
+        f"indexed {report.indexed} of {report.total} embeddings from {folder.folder}{present} "
+        f"in {report.seconds:.1f}s ({report.images_per_s:.0f} vectors/s); {out} holds "
+        f"{report.index_size} items"
+    )
+    return 0
+
+
+def _check_embeddings_model(model: Path | None, folder, *, given: bool) -> None:
+    """The model an index of `folder` keeps must be the one that made its vectors."""
+    from .embeddings import META_FILE, EmbeddingsError
+    from .model_metadata import read_model_metadata
+
+    meta_file = folder.folder / META_FILE
+    if model is None:
+        raise EmbeddingsError(
+            f"{meta_file} names no model file: pass --model, the model that made the "
+            f"embeddings (fingerprint {folder.fingerprint[:12]}); the index keeps a copy of it"
+        )
+    if not given and not model.is_file():
+        raise EmbeddingsError(
+            f"{meta_file} names the model {model}, which is not there: pass --model"
+        )
+    meta = read_model_metadata(model)
+    if meta.fingerprint != folder.fingerprint:
+        flag = f"--model {model}" if given else f"the model {model} (named in {meta_file})"
+        raise EmbeddingsError(
+            f"{flag} has fingerprint {meta.fingerprint[:12]}, but {folder.folder} was embedded "
+            f"with {folder.fingerprint[:12]}: pass the model that made the embeddings, or "
+            "embed the images again with this one"
+        )
+    if meta.embedding_dim != folder.dim:
+        raise EmbeddingsError(
+            f"{folder.folder} holds {folder.dim}-d embeddings, but {model} embeds "
+            f"{meta.embedding_dim}-d vectors"
+        )
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from .embed import embed_to_folder
+    from .embeddings import ERRORS_FILE, EmbeddingsError
+    from .sources import read_sources
+
+    if args.part_size is not None and args.part_size < 1:
+        raise EmbeddingsError(f"--part-size must be at least 1, got {args.part_size}")
+    items = read_sources(args.images, args.labels_from_folders)
+    out = Path(args.out)
+    report = embed_to_folder(
+        items,
+        out,
+        _embedder(Path(args.model), args),
+        part_size=args.part_size,
+        source=str(args.images),
+    )
+    for failure in report.failed[:10]:
+        print(f"  skipped {failure['key']}: {failure['reason']}")
+    if len(report.failed) > 10:
+        print(f"  ... and {len(report.failed) - 10} more (all in {out / ERRORS_FILE})")
     print(report.summary(out))
     return 0
 
@@ -399,8 +502,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     build = sub.add_parser("build", help="embed images into a new or existing index")
-    build.add_argument("--model", help="exported .onnx model (default: the index's own copy)")
-    build.add_argument("--images", required=True, help="folder (walked recursively) or CSV list")
+    build.add_argument(
+        "--model",
+        help="exported .onnx model (default: the index's own copy; with --embeddings, the "
+        "model its embeddings.json names)",
+    )
+    build.add_argument("--images", help="folder (walked recursively) or CSV list")
+    build.add_argument(
+        "--embeddings",
+        metavar="EMB",
+        help="instead of --images: a folder of Parquet embeddings (`vitrieval-index embed`, "
+        "or any engine writing the same columns and embeddings.json)",
+    )
     build.add_argument("--out", required=True, help="index directory")
     build.add_argument(
         "--factory",
@@ -414,9 +527,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --factory auto: memory the FAISS index may use, e.g. 4G or 512M",
     )
     build.add_argument("--labels-from-folders", action="store_true", help="label = top folder name")
-    build.add_argument("--save-every", type=int, default=2048, help="commit every N images")
+    build.add_argument(
+        "--save-every",
+        type=int,
+        help="commit every N images (default 2048; with --embeddings every 1,000,000 vectors)",
+    )
     _runtime_options(build)
     build.set_defaults(handler=_build)
+
+    embed = sub.add_parser(
+        "embed", help="embed images into a folder of Parquet parts (resumable), for build"
+    )
+    embed.add_argument("--model", required=True, help="exported .onnx model")
+    embed.add_argument("--images", required=True, help="folder (walked recursively) or CSV list")
+    embed.add_argument("--out", required=True, help="embeddings folder (EMB)")
+    embed.add_argument("--labels-from-folders", action="store_true", help="label = top folder name")
+    embed.add_argument(
+        "--part-size",
+        type=int,
+        metavar="N",
+        help="images per Parquet part (default 50,000); a re-run keeps the finished parts",
+    )
+    _runtime_options(embed)
+    embed.set_defaults(handler=_embed)
 
     add = sub.add_parser("add", help="add images to an index, with the model it was built with")
     add.add_argument("index")
