@@ -61,6 +61,7 @@ from .checkpoint import (
 from .config import FitConfig
 from .data import ImageDataset, build_transforms, epoch_loader
 from .evaluate import EVAL_KS, embed_items
+from .interrupt import deferred, loader_batches
 from .losses import SupConLoss
 from .model import EmbeddingModel
 from .optim import lr_at, param_groups
@@ -230,23 +231,24 @@ def train_probe(
         )
         started = time.perf_counter()
         loss_sum, correct, seen = 0.0, 0, 0
-        for step_in_epoch, (images, labels) in enumerate(loader):
-            lr = lr_at(
-                (epoch - 1) * steps_per_epoch + step_in_epoch, total_steps, 0, cfg.probe_lr, 0.0
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            labels = labels.to(device)
-            with torch.no_grad(), amp.autocast():
-                h = model(images.to(device))
-            logits = probe(h)
-            loss = F.cross_entropy(logits, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(labels)
-            correct += int((logits.argmax(dim=1) == labels).sum())
-            seen += len(labels)
+        with loader_batches(loader) as batches:
+            for step_in_epoch, (images, labels) in enumerate(batches):
+                lr = lr_at(
+                    (epoch - 1) * steps_per_epoch + step_in_epoch, total_steps, 0, cfg.probe_lr, 0.0
+                )
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                labels = labels.to(device)
+                with torch.no_grad(), amp.autocast():
+                    h = model(images.to(device))
+                logits = probe(h)
+                loss = F.cross_entropy(logits, labels)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                loss_sum += loss.item() * len(labels)
+                correct += int((logits.argmax(dim=1) == labels).sum())
+                seen += len(labels)
         seconds = time.perf_counter() - started
         row = {
             "stage": "probe",
@@ -371,31 +373,32 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
             leave=False,
             disable=None,
         )
-        for step_in_epoch, ((first, second), labels) in enumerate(loader):
-            lr = lr_at(
-                (epoch - 1) * steps_per_epoch + step_in_epoch,
-                total_steps,
-                warmup_steps,
-                cfg.lr,
-                cfg.min_lr_ratio,
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["lr_scale"]
-            # the 2B views flattened into one batch: rows i and B + i are one image
-            images = torch.cat([first, second]).to(device, non_blocking=True)
-            labels = labels.to(device).repeat(2)
-            with amp.autocast():
-                loss, n_correct = objective(model(images), labels)
-            if not torch.isfinite(loss):
-                raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-            amp.optimizer_step(
-                loss, optimizer, [*model.parameters(), *head.parameters()], cfg.clip_grad
-            )
-            loss_sum += loss.item() * len(labels)
-            correct += n_correct or 0
-            seen += len(labels)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        with loader_batches(loader) as batches:
+            for step_in_epoch, ((first, second), labels) in enumerate(batches):
+                lr = lr_at(
+                    (epoch - 1) * steps_per_epoch + step_in_epoch,
+                    total_steps,
+                    warmup_steps,
+                    cfg.lr,
+                    cfg.min_lr_ratio,
+                )
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group["lr_scale"]
+                # the 2B views flattened into one batch: rows i and B + i are one image
+                images = torch.cat([first, second]).to(device, non_blocking=True)
+                labels = labels.to(device).repeat(2)
+                with amp.autocast():
+                    loss, n_correct = objective(model(images), labels)
+                if not torch.isfinite(loss):
+                    raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
+                amp.optimizer_step(
+                    loss, optimizer, [*model.parameters(), *head.parameters()], cfg.clip_grad
+                )
+                loss_sum += loss.item() * len(labels)
+                correct += n_correct or 0
+                seen += len(labels)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
         bar.close()
         seconds = time.perf_counter() - epoch_start
         emb = embed_items(model, data.test, data.eval_transform, cfg.eval_batch_size, device)
@@ -411,8 +414,9 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
             "config": asdict(cfg),
             "grad_scaler": amp.state(),
         }
-        save_checkpoint(run, model, head, optimizer, state)
-        record(row)
+        with deferred():  # a signal waits until the checkpoint and its row are written
+            save_checkpoint(run, model, head, optimizer, state)
+            record(row)
         plot_curves([r for r in history if r["stage"] == stage], run / "curves.png")
         top1 = f"top-1 {show_metric(row['top1'])}  " if "top1" in row else ""
         print(

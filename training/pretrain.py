@@ -48,6 +48,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .data import ImageDataset, drop_unreadable
+from .interrupt import deferred, loader_batches, stoppable
 from .losses import DenseContrastiveLoss, InfoNCELoss
 from .model import EmbeddingModel, build_model
 from .optim import lr_at, param_groups
@@ -172,9 +173,18 @@ def _epoch_seed(cfg: PretrainConfig, epoch: int) -> int:
 
 
 def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
-    """Pretrain per `cfg` into the run folder `cfg.out`; returns the last epoch's row."""
+    """Pretrain per `cfg` into the run folder `cfg.out`; returns the last epoch's row.
+
+    Ctrl-C or SIGTERM stops it with the data-loader workers shut down and one line
+    naming the checkpoint that `--resume` continues from (training/interrupt.py).
+    """
     cfg = cfg.resolved()
     cfg.validate()
+    with stoppable(Path(cfg.out), "pretrain"):
+        return _pretrain(cfg, resume)
+
+
+def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
     run = Path(cfg.out)
     claim_run_folder(run, resume, "pretrain", "pretrain")
     items = list_images(cfg.images)
@@ -235,26 +245,27 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
             leave=False,
             disable=None,
         )
-        for step_in_epoch, ((first, second), _) in enumerate(loader):
-            step = (epoch - 1) * steps_per_epoch + step_in_epoch
-            lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["lr_scale"]
-            # rows i and B + i are the two views of image i
-            images = torch.cat([first, second]).to(device, non_blocking=True)
-            with amp.autocast():
-                out = heads(encoder, images)
-            loss, parts = objective(out, images, generator)
-            if not torch.isfinite(loss):
-                raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-            amp.optimizer_step(loss, optimizer, params, cfg.clip_grad)
-            batch = len(first)
-            for key, value in {"loss": loss.item(), **parts}.items():
-                if value is not None:
-                    sums[key] = sums.get(key, 0.0) + value * batch
-            seen += batch
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        with loader_batches(loader) as batches:
+            for step_in_epoch, ((first, second), _) in enumerate(batches):
+                step = (epoch - 1) * steps_per_epoch + step_in_epoch
+                lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group["lr_scale"]
+                # rows i and B + i are the two views of image i
+                images = torch.cat([first, second]).to(device, non_blocking=True)
+                with amp.autocast():
+                    out = heads(encoder, images)
+                loss, parts = objective(out, images, generator)
+                if not torch.isfinite(loss):
+                    raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
+                amp.optimizer_step(loss, optimizer, params, cfg.clip_grad)
+                batch = len(first)
+                for key, value in {"loss": loss.item(), **parts}.items():
+                    if value is not None:
+                        sums[key] = sums.get(key, 0.0) + value * batch
+                seen += batch
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
         bar.close()
         seconds = time.perf_counter() - epoch_start
         row = {"epoch": epoch}
@@ -272,8 +283,9 @@ def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
             "config": asdict(cfg),
             "grad_scaler": amp.state(),
         }
-        save_checkpoint(run, encoder, heads, optimizer, state)
-        append_line(run / METRICS_FILE, row)
+        with deferred():  # a signal waits until the checkpoint and its row are written
+            save_checkpoint(run, encoder, heads, optimizer, state)
+            append_line(run / METRICS_FILE, row)
         history.append(row)
         plot_losses(history, run / "curves.png")
         print(

@@ -36,6 +36,7 @@ from .checkpoint import (
 from .config import LOSS_OPTIONS, POOL_OPTIONS, ConfigError, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
 from .evaluate import evaluate_retrieval
+from .interrupt import deferred, loader_batches, stoppable
 from .losses import create_loss
 from .model import EmbeddingModel, build_model
 from .optim import lr_at, param_groups
@@ -218,13 +219,23 @@ def prepare_run(
 
 
 def fit(cfg: FitConfig, resume: bool = False) -> dict:
-    """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics."""
+    """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics.
+
+    Ctrl-C or SIGTERM stops it with the data-loader workers shut down and one line
+    naming the checkpoint that `--resume` continues from (training/interrupt.py).
+    """
     cfg = cfg.resolved()
     cfg.validate()
-    if cfg.method != "metric":  # LaCViT and its cross-entropy baseline: training/lacvit.py
-        from .lacvit import fit_method
+    with stoppable(Path(cfg.out), "fit"):
+        if cfg.method != "metric":  # LaCViT and its cross-entropy baseline: training/lacvit.py
+            from .lacvit import fit_method
 
-        return fit_method(cfg, resume=resume)
+            return fit_method(cfg, resume=resume)
+        return _fit_metric(cfg, resume)
+
+
+def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
+    """`fit --method metric` (a resolved, validated config)."""
     run, device, model, split, train_items, test_items = prepare_run(cfg, resume)
     data_config = model.data_config()
     classes = sorted({item.label for item in train_items})
@@ -268,22 +279,23 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
             leave=False,
             disable=None,
         )
-        for step_in_epoch, (images, labels) in enumerate(loader):
-            step = (epoch - 1) * steps_per_epoch + step_in_epoch
-            lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["lr_scale"]
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            with amp.autocast():
-                loss = loss_fn(model(images), labels)
-            if not torch.isfinite(loss):
-                raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-            amp.optimizer_step(loss, optimizer, model.parameters(), cfg.clip_grad)
-            loss_sum += loss.item() * len(labels)
-            seen += len(labels)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        with loader_batches(loader) as batches:
+            for step_in_epoch, (images, labels) in enumerate(batches):
+                step = (epoch - 1) * steps_per_epoch + step_in_epoch
+                lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group["lr_scale"]
+                images = images.to(device, non_blocking=True)
+                labels = labels.to(device, non_blocking=True)
+                with amp.autocast():
+                    loss = loss_fn(model(images), labels)
+                if not torch.isfinite(loss):
+                    raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
+                amp.optimizer_step(loss, optimizer, model.parameters(), cfg.clip_grad)
+                loss_sum += loss.item() * len(labels)
+                seen += len(labels)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
         bar.close()
         train_seconds = time.perf_counter() - epoch_start
         scores = evaluate_retrieval(model, test_items, eval_tf, cfg.eval_batch_size, device)
@@ -296,8 +308,9 @@ def fit(cfg: FitConfig, resume: bool = False) -> dict:
             "train_images_per_s": round(seen / train_seconds, 1),
         }
         state = {"epoch": epoch, "config": asdict(cfg), "grad_scaler": amp.state()}
-        save_checkpoint(run, model, loss_fn, optimizer, state)
-        append_line(run / METRICS_FILE, row)
+        with deferred():  # a signal waits until the checkpoint and its row are written
+            save_checkpoint(run, model, loss_fn, optimizer, state)
+            append_line(run / METRICS_FILE, row)
         history.append(row)
         plot_curves(history, run / "curves.png")
         print(
