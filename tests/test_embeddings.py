@@ -478,3 +478,14 @@ def test_the_reservoir_sample_is_uniform():
     small = Reservoir(10, 1)
     small.add(rows[:4])
     assert small.sample[:, 0].tolist() == [0, 1, 2, 3]
+
+
+def test_the_training_sample_follows_the_factory():
+    from index.factory import MAX_TRAINING_VECTORS, training_sample_size
+
+    assert training_sample_size("Flat") == MAX_TRAINING_VECTORS == 200_000
+    assert training_sample_size("IVF1024,Flat") == 200_000  # 39 x 1024 fewer
+    assert training_sample_size("IVF8192,Flat") == 39 * 8192
+    assert training_sample_size("IVF65536_HNSW32,PQ16") == 39 * 65536
+    assert training_sample_size("PQ16x12") == 200_000  # 39 x 4096 fewer
+    assert training_sample_size("PQ16x14") == 39 * 2**14
