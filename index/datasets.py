@@ -38,6 +38,9 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 
 STRATIFIED = "stratified"
 DISJOINT = "class-disjoint"
+GIVEN = "given"
+"""The protocol of a split given as two sets (`load_dataset(..., val=...)`), or of a
+stratified split that holds nothing out (`test_fraction=0`)."""
 _SPLIT_ALIASES = {"stratified": STRATIFIED, "disjoint": DISJOINT, "class-disjoint": DISJOINT}
 
 # Class ids (1-based, as in the datasets' own files) at or below which a class is
@@ -84,7 +87,7 @@ class Split:
     name: str
     train: list[Item]
     test: list[Item]
-    protocol: str  # STRATIFIED (same classes on both sides) or DISJOINT (no class shared)
+    protocol: str  # STRATIFIED (same classes on both sides), DISJOINT (no class shared), GIVEN
 
     def train_classes(self) -> list[str]:
         """Sorted unique labels of the training items."""
@@ -114,16 +117,31 @@ def load_dataset(
     test_fraction: float = 0.3,
     seed: int = 0,
     image_size: int = 32,
+    val: str | Path | None = None,
 ) -> Split:
     """Read dataset `name` (one of `DATASET_NAMES`) and split it into train and test.
 
     `split` is "stratified" or "disjoint" (None: the dataset's default, stratified for
     digits/folder/csv, disjoint for cub/cars/sop, which only have their standard
     class-disjoint split). `root` is the folder (or CSV file) and is required for all
-    but digits; `test_fraction` and `seed` apply to stratified splits only.
+    but digits; `test_fraction` and `seed` apply to stratified splits only, and
+    `test_fraction=0` holds nothing out (every item trains, the test side is empty).
+
+    `val` (folder and csv only): a second folder or CSV, read as `root` is, that is the
+    test side as it stands, while every item of `root` trains (protocol GIVEN); `split`,
+    `test_fraction` and `seed` do not apply then.
     """
     if name not in DATASET_NAMES:
         raise DatasetError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASET_NAMES)}")
+    if val is not None:
+        if name not in ("folder", "csv"):
+            raise DatasetError(
+                f"a separate validation set applies to the folder and csv datasets, not {name!r}"
+            )
+        if root is None:
+            raise DatasetError(f"dataset {name!r} needs a root path (its folder or file)")
+        read = image_folder if name == "folder" else csv_list
+        return Split(name=f"{name}/val", train=read(root), test=read(val), protocol=GIVEN)
     if name == "digits":
         return digits(
             split or STRATIFIED, test_fraction=test_fraction, seed=seed, image_size=image_size
@@ -151,6 +169,8 @@ def _split_items(
     name: str, items: list[Item], split: str, test_fraction: float, seed: int
 ) -> Split:
     protocol = _protocol(split)
+    if protocol == STRATIFIED and test_fraction == 0:
+        return Split(name=f"{name}/all", train=list(items), test=[], protocol=GIVEN)
     if protocol == STRATIFIED:
         train, test = stratified_split(items, test_fraction, seed)
     else:

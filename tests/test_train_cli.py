@@ -112,7 +112,7 @@ def test_existing_run_needs_resume(tmp_path, capsys):
         (["--dataset", "folder", "--data-root", "/nonexistent/photos"], "/nonexistent/photos"),
         (["--dataset", "imagenet"], "unknown dataset"),
         (["--dataset", "cub"], "root"),
-        (["--epochs", "0"], "--epochs must be > 0"),
+        (["--epochs", "-1"], "--epochs must be >= 0"),
         (["--pool-groups", "3"], "cannot be split into 3 groups"),
         (["--dim", "0"], "--dim must be >= 1"),
         (["--pretrained", "/nonexistent/w.safetensors"], "not found"),

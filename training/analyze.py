@@ -42,7 +42,7 @@ from .config import ConfigError, FitConfig, load_config_file
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-DATASET_OPTIONS = ("dataset", "data_root", "split", "test_fraction", "seed")
+DATASET_OPTIONS = ("dataset", "data_root", "val", "split", "test_fraction", "seed")
 
 
 class AnalysisError(ConfigError):
@@ -105,8 +105,13 @@ def _held_out(args: argparse.Namespace, image_size: int) -> list[Item]:
         test_fraction=args.test_fraction,
         seed=args.seed,
         image_size=image_size,
+        val=args.val,
     )
     items = list(split.test)
+    if not items:
+        raise AnalysisError(
+            f"{split.name} holds nothing out (--test-fraction 0): give --val or --test-fraction"
+        )
     if args.max_items and len(items) > args.max_items:
         # a seeded subset: pairs grow as N^2 and t-SNE is slow beyond a few thousand
         keep = np.random.default_rng(args.seed).choice(len(items), args.max_items, replace=False)
@@ -372,6 +377,7 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="folder for the PNGs and analysis.json")
     p.add_argument("--dataset", help="dataset name (default: the first run's)")
     p.add_argument("--data-root", dest="data_root", help="dataset folder or CSV file")
+    p.add_argument("--val", help="validation folder or CSV to embed (default: the first run's)")
     p.add_argument("--split", help="stratified | disjoint (default: the first run's)")
     p.add_argument("--test-fraction", dest="test_fraction", type=float, help="held-out share")
     p.add_argument("--seed", type=int, help="split seed (default: the first run's, else 0)")

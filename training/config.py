@@ -81,8 +81,14 @@ class FitConfig:
     # data
     dataset: str = opt("digits | folder | csv | cub | cars | sop", "digits")
     data_root: str | None = opt("dataset folder or CSV file (all but digits)")
+    val: str | None = opt(
+        "validation folder or CSV (folder, csv): evaluated instead of a split held out of "
+        "--data-root, which then trains whole"
+    )
     split: str | None = opt("stratified | disjoint (default: the dataset's own protocol)")
-    test_fraction: float = opt("held-out share per class for stratified splits", 0.3)
+    test_fraction: float = opt(
+        "held-out share per class for stratified splits (0: train on all, no evaluation)", 0.3
+    )
     # model
     backbone: str = opt(
         "preset name (tiny, small) or any timm ViT name", "tiny", flags=("--preset",)
@@ -113,7 +119,7 @@ class FitConfig:
     probe_lr: float = opt("lacvit stage 2: SGD learning rate of the linear probe", 0.1)
     proj_dim: int = opt("lacvit stage 1: output width of the projection head", 128)
     # optimisation
-    epochs: int = opt("training epochs", 80)
+    epochs: int = opt("training epochs (0: evaluate and save the initial model)", 80)
     batch_size: int = opt("images per step", 64)
     lr: float | None = opt(
         "peak learning rate of the network (AdamW) (default: 2e-3, 5e-4 for ccbp and jcf)"
@@ -171,14 +177,17 @@ class FitConfig:
 
     def validate(self) -> None:
         check_run_folder(self.out)
-        positive = ("epochs", "batch_size", "lr", "eval_batch_size", "temperature", "margin")
+        positive = ("batch_size", "lr", "eval_batch_size", "temperature", "margin")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}"
                 )
-        if not 0 < self.test_fraction < 1:
-            raise ConfigError(f"--test-fraction must lie in (0, 1), got {self.test_fraction}")
+        if self.epochs < 0:
+            raise ConfigError(f"--epochs must be >= 0, got {self.epochs}")
+        if not 0 <= self.test_fraction < 1:
+            raise ConfigError(f"--test-fraction must lie in [0, 1), got {self.test_fraction}")
+        self._check_held_out()
         if not 0 < self.crop_scale <= 1:
             raise ConfigError(f"--crop-scale must lie in (0, 1], got {self.crop_scale}")
         for name in ("dim", "pool_groups", *POOL_HEAD_SIZES):
@@ -201,6 +210,47 @@ class FitConfig:
                 )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+
+    def _check_held_out(self) -> None:
+        """--val, --test-fraction 0 and --epochs 0 only where they mean something."""
+        default_fraction = next(f.default for f in fields(self) if f.name == "test_fraction")
+        if self.val is not None:
+            if self.dataset not in ("folder", "csv"):
+                raise ConfigError(
+                    f"--val applies to --dataset folder and csv, not {self.dataset} "
+                    "(it has its own split)"
+                )
+            given = [
+                flag
+                for flag, set_ in (
+                    ("--split", self.split is not None),
+                    ("--test-fraction", self.test_fraction != default_fraction),
+                )
+                if set_
+            ]
+            if given:
+                raise ConfigError(
+                    f"{' and '.join(given)}: not with --val (--data-root trains whole, "
+                    "--val is the held-out set)"
+                )
+        elif self.test_fraction == 0 and (
+            self.dataset in ("cub", "cars", "sop") or self.split in ("disjoint", "class-disjoint")
+        ):
+            raise ConfigError(
+                "--test-fraction 0 applies to stratified splits; "
+                f"{self.dataset} with a class-disjoint split holds out its own classes"
+            )
+        if self.method != "metric":
+            if self.epochs == 0:
+                raise ConfigError(
+                    f"--epochs 0 applies to --method metric; --method {self.method} trains "
+                    "its classifier on the trained encoder"
+                )
+            if self.val is None and self.test_fraction == 0:
+                raise ConfigError(
+                    f"--method {self.method} reports held-out results: give --val, or a "
+                    "--test-fraction above 0"
+                )
 
     def _check_pool_options(self) -> None:
         """Refuse a pooling option the chosen pooling does not take: it would do nothing."""

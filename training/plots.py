@@ -22,11 +22,15 @@ def plot_curves(history: list[dict], path: Path) -> Figure:
     """
     epochs = [row["epoch"] for row in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), constrained_layout=True)
-    left.plot(epochs, [row["loss"] for row in history], marker="o", ms=3)
+    # an epoch-0 row (`fit --epochs 0`: the initial model) has no loss
+    loss = [float("nan") if row.get("loss") is None else row["loss"] for row in history]
+    left.plot(epochs, loss, marker="o", ms=3)
     left.set(title="training loss", xlabel="epoch", ylabel="loss")
+    measured = False
     for key, label in (("recall@1", "R@1"), ("map", "mAP"), ("map_at_r", "MAP@R")):
         values = [row.get(key) for row in history]
         if any(v is not None for v in values):
+            measured = True
             right.plot(
                 epochs,
                 [float("nan") if v is None else v for v in values],
@@ -35,7 +39,10 @@ def plot_curves(history: list[dict], path: Path) -> Figure:
                 label=label,
             )
     right.set(title="held-out retrieval (leave-one-out)", xlabel="epoch", ylim=(0, 1.01))
-    right.legend(loc="lower right")
+    if measured:
+        right.legend(loc="lower right")
+    else:  # --test-fraction 0: nothing held out
+        right.text(0.5, 0.5, "no held-out evaluation", ha="center", transform=right.transAxes)
     for ax in (left, right):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -121,6 +121,7 @@ def load_split(cfg: FitConfig, image_size: int) -> Split:
         test_fraction=cfg.test_fraction,
         seed=cfg.seed,
         image_size=image_size,
+        val=cfg.val,
     )
     if len(split.train_classes()) < 2:
         raise TrainingError(f"{split.name}: the training split needs at least 2 classes")
@@ -190,7 +191,8 @@ def prepare_run(
     """What every `fit` method starts with: the run folder (refused if it holds a run
     and `resume` is off), the device, the seeded model on it (with `--init` weights and
     `--freeze-backbone`), the split, and its readable training and held-out items
-    (unreadable ones listed in RUN/skipped.txt)."""
+    (unreadable ones listed in RUN/skipped.txt). A split that holds nothing out
+    (`--test-fraction 0`) gives no held-out items, and says so."""
     run = Path(cfg.out)
     claim_run_folder(run, resume)
     run.mkdir(parents=True, exist_ok=True)
@@ -213,8 +215,13 @@ def prepare_run(
         print(f"skipped {len(skipped)} unreadable images (listed in {run / 'skipped.txt'})")
     if not train_items:
         raise TrainingError(f"{split.name}: no readable training images")
-    if not test_items:
+    if split.test and not test_items:
         raise TrainingError(f"{split.name}: no readable held-out images to evaluate on")
+    if not split.test:
+        print(
+            f"no held-out split (--test-fraction 0): training on all {len(train_items)} "
+            "images, no evaluation"
+        )
     return run, device, model, split, train_items, test_items
 
 
@@ -265,6 +272,17 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
 
     started = time.perf_counter()
     row: dict = history[-1] if history else {}
+    if cfg.epochs == 0 and not history:
+        # --epochs 0: the initial model, evaluated and saved as the run's epoch 0
+        row = {"epoch": 0, "loss": None, "lr": None}
+        row.update(held_out_scores(model, test_items, eval_tf, cfg, device))
+        state = {"epoch": 0, "config": asdict(cfg), "grad_scaler": amp.state()}
+        with deferred():
+            save_checkpoint(run, model, loss_fn, optimizer, state)
+            append_line(run / METRICS_FILE, row)
+        history.append(row)
+        plot_curves(history, run / "curves.png")
+        print(f"epoch 0 (the initial model): {scores_text(row) or 'no evaluation'}".rstrip())
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         # Reseeding per epoch makes a resumed run draw the same batches as an unbroken one.
         seed_everything(cfg.seed * 100_003 + epoch)
@@ -298,12 +316,11 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
                 bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
         bar.close()
         train_seconds = time.perf_counter() - epoch_start
-        scores = evaluate_retrieval(model, test_items, eval_tf, cfg.eval_batch_size, device)
         row = {
             "epoch": epoch,
             "loss": loss_sum / max(seen, 1),
             "lr": lr,
-            **{k: json_metric(v) for k, v in scores.items()},
+            **held_out_scores(model, test_items, eval_tf, cfg, device),
             "train_seconds": round(train_seconds, 3),
             "train_images_per_s": round(seen / train_seconds, 1),
         }
@@ -314,19 +331,38 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
         history.append(row)
         plot_curves(history, run / "curves.png")
         print(
-            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  "
-            f"R@1 {show_metric(row['recall@1'])}  "
-            f"mAP {show_metric(row['map'])}  lr {lr:.2e}  {train_seconds:.1f}s "
+            f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {scores_text(row)}"
+            f"lr {lr:.2e}  {train_seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} img/s)"
         )
     elapsed = time.perf_counter() - started
     if row:
-        print(
-            f"done: {cfg.epochs} epochs, held-out R@1 {show_metric(row['recall@1'])} "
-            f"mAP {show_metric(row['map'])} MAP@R {show_metric(row['map_at_r'])} "
-            f"in {elapsed:.0f}s -> {run}"
+        measured = (
+            f"held-out R@1 {show_metric(row['recall@1'])} mAP {show_metric(row['map'])} "
+            f"MAP@R {show_metric(row['map_at_r'])}"
+            if "recall@1" in row
+            else "no held-out evaluation"
         )
+        print(f"done: {cfg.epochs} epochs, {measured} in {elapsed:.0f}s -> {run}")
     return row
+
+
+def held_out_scores(
+    model: torch.nn.Module, items: list, transform: Callable, cfg: FitConfig, device: torch.device
+) -> dict:
+    """The held-out retrieval metrics of `items`, JSON-ready (NaN as None); nothing
+    when there are no held-out items (`--test-fraction 0`)."""
+    if not items:
+        return {}
+    scores = evaluate_retrieval(model, items, transform, cfg.eval_batch_size, device)
+    return {k: json_metric(v) for k, v in scores.items()}
+
+
+def scores_text(row: dict) -> str:
+    """R@1 and mAP of a metrics row for the console ("" when nothing was evaluated)."""
+    if "recall@1" not in row:
+        return ""
+    return f"R@1 {show_metric(row['recall@1'])}  mAP {show_metric(row['map'])}  "
 
 
 def show_metric(value: float | None) -> str:
