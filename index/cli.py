@@ -294,7 +294,44 @@ def _info_value(value: object) -> str:
         return "-"
     if isinstance(value, dict):
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, list):  # the segments: one "number: rows, live, deleted" each
+        return "; ".join(_info_value(v) for v in value) or "-"
     return str(value)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .store import IndexStore
+
+    with IndexStore.open(args.index, verify=True) as store:  # StoreError: one line, exit 2
+        info = store.info()
+    files = len(info["files"])
+    print(
+        f"{args.index}: {files} files verified ({info['bytes_on_disk']:,} bytes, "
+        f"{len(info['segments'])} segments, {info['count']} items): every checksum holds"
+    )
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    from .store import upgrade
+
+    found, items = upgrade(args.index)
+    if found == 2:
+        print(f"{args.index} is already in format 2; nothing to do")
+    else:
+        print(f"{args.index}: converted from format {found} to format 2 ({items} items)")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .store import IndexStore
+
+    with IndexStore.open(args.index) as store:
+        before = len(store.info()["segments"])
+        merged = store.merge(everything=args.all)
+        after = len(store.info()["segments"])
+    print(f"{args.index}: merged {merged} of {before} segments; {after} now")
+    return 0
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -566,10 +603,31 @@ def build_parser() -> argparse.ArgumentParser:
     remove.add_argument("--keys-from", help="file with one key per line")
     remove.set_defaults(handler=_remove)
 
-    info = sub.add_parser("info", help="describe an index (verifies its checksums)")
+    info = sub.add_parser(
+        "info", help="describe an index (checks file sizes and headers; `verify` reads all)"
+    )
     info.add_argument("index")
     info.add_argument("--json", action="store_true")
     info.set_defaults(handler=_info)
+
+    verify = sub.add_parser(
+        "verify", help="check every file of an index against its checksums (exit 2 if not)"
+    )
+    verify.add_argument("index")
+    verify.set_defaults(handler=_verify)
+
+    upgrade = sub.add_parser(
+        "upgrade", help="convert an index of format 1 to format 2 (segments), in place"
+    )
+    upgrade.add_argument("index")
+    upgrade.set_defaults(handler=_upgrade)
+
+    merge = sub.add_parser(
+        "merge", help="merge small or mostly deleted segments now (saves do it when due)"
+    )
+    merge.add_argument("index")
+    merge.add_argument("--all", action="store_true", help="fold every segment into one")
+    merge.set_defaults(handler=_merge)
 
     search = sub.add_parser("search", help="top-k neighbours of query images")
     search.add_argument("index")

@@ -1,0 +1,66 @@
+"""`vitrieval-index verify | upgrade | merge | info` on segmented and format-1 indexes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from index_cli_helpers import run  # tests/index_cli_helpers.py
+from store_helpers import exact_vectors
+from test_segments import saved_in_parts, write_format_1
+
+from index.store import IndexStore
+
+
+def test_verify_passes_then_names_a_damaged_file(tmp_path: Path, capsys) -> None:
+    x = exact_vectors(np.random.default_rng(0), 300)
+    saved_in_parts(tmp_path / "idx", x, 2).close()
+    code, out, err = run(capsys, "verify", tmp_path / "idx")
+    assert code == 0 and err == ""
+    assert out.strip() == (
+        f"{tmp_path / 'idx'}: 4 files verified "
+        f"({sum(p.stat().st_size for p in (tmp_path / 'idx').glob('seg.*')):,} bytes, "
+        "2 segments, 300 items): every checksum holds"
+    )
+    segment = tmp_path / "idx" / "seg.2.items.sqlite"
+    data = bytearray(segment.read_bytes())
+    data[-20] ^= 0x01
+    segment.write_bytes(bytes(data))
+    code, out, err = run(capsys, "info", tmp_path / "idx")  # cheap checks: opens
+    assert code == 0
+    code, out, err = run(capsys, "verify", tmp_path / "idx")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "checksum mismatch" in lines[0] and "seg.2.items.sqlite" in lines[0]
+
+
+def test_info_lists_the_segments_on_one_line(tmp_path: Path, capsys) -> None:
+    x = exact_vectors(np.random.default_rng(1), 200)
+    store = saved_in_parts(tmp_path / "idx", x, 2)
+    store.remove(["0", "1"])
+    store.save()
+    store.close()
+    _, out, _ = run(capsys, "info", tmp_path / "idx")
+    segments = next(line for line in out.splitlines() if line.startswith("segments"))
+    assert segments.split(None, 1)[1] == (
+        "number=1, rows=100, live=98, deleted=2; number=2, rows=100, live=100, deleted=0"
+    )
+    assert "{" not in out
+
+
+def test_upgrade_and_merge_commands(tmp_path: Path, capsys) -> None:
+    x = exact_vectors(np.random.default_rng(2), 120)
+    write_format_1(tmp_path / "old", x)
+    code, out, err = run(capsys, "remove", tmp_path / "old", "3")
+    assert code == 2 and "vitrieval-index upgrade" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = run(capsys, "upgrade", tmp_path / "old")
+    assert code == 0 and out.strip().endswith("converted from format 1 to format 2 (120 items)")
+    code, out, _ = run(capsys, "upgrade", tmp_path / "old")
+    assert code == 0 and "already in format 2" in out
+    code, out, err = run(capsys, "remove", tmp_path / "old", "3")
+    assert code == 0
+    many = saved_in_parts(tmp_path / "many", x, 4)
+    many.close()
+    code, out, _ = run(capsys, "merge", tmp_path / "many", "--all")
+    assert code == 0 and out.strip().endswith("merged 4 of 4 segments; 1 now")
+    assert len(IndexStore.open(tmp_path / "many")) == 120
