@@ -266,6 +266,14 @@ def test_target_metrics_empty_is_nan():
 # --- the benchmark ---------------------------------------------------------------
 
 
+def test_cli_summary_follows_the_ks_asked_for(tmp_path, capsys, photo_dir, tiny_onnx):
+    argv = ("bench", "--model", tiny_onnx, "--copy-detection", photo_dir, "--out", tmp_path)
+    code, stdout, err = run(capsys, *argv, "--ks", "5", "10", "--queries-per-image", "1")
+    assert code == 0, err
+    summary = stdout.strip().splitlines()[-1]
+    assert " recall@5 " in summary and "recall@1 " not in summary
+
+
 def test_cli_end_to_end(tmp_path, capsys, photo_dir, tiny_onnx):
     photos = tmp_path / "photos"
     import shutil
