@@ -5,8 +5,11 @@ BIN := $(VENV)/bin
 DEMO_RUN ?= runs/demo
 DEMO_PORT ?= 8000
 PYTEST_ARGS ?=
+# the serving install of check-serve-install: the base dependencies and the serve extra
+SERVE_VENV ?= .venv-serve
 
-.PHONY: install test lint format demo demo-clean bench bench-search compose-config clean
+.PHONY: install test lint format check-serve-install demo demo-clean bench bench-search \
+	compose-config clean
 
 # The tested versions of constraints.txt, within the ranges of pyproject.toml; the stamp
 # is rebuilt whenever either changes.
@@ -18,10 +21,26 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-test: install
+# The whole suite; tests/test_serve_install.py runs its commands in the serving install.
+test: install $(SERVE_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	VITRIEVAL_SERVE_PYTHON=$(abspath $(SERVE_VENV))/bin/python $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# A second virtualenv as `pip install -c constraints.txt -e '.[serve]'` makes it, without
+# torch, built from scratch whenever pyproject.toml or constraints.txt changes (about 20 s
+# from pip's cache). check-serve-install builds, indexes, benchmarks and serves with it:
+# tests/test_serve_install.py, whose commands run with its Python (the test process itself,
+# which exports the model, runs in $(VENV)). Without VITRIEVAL_SERVE_PYTHON the same test
+# runs them in $(VENV) with every package the serving install lacks made unimportable.
+$(SERVE_VENV)/.installed: pyproject.toml constraints.txt
+	rm -rf $(SERVE_VENV)
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install -c constraints.txt -e '.[serve]'
+	touch $@
+
+check-serve-install: install $(SERVE_VENV)/.installed
+	VITRIEVAL_SERVE_PYTHON=$(abspath $(SERVE_VENV))/bin/python $(BIN)/python -m pytest tests/test_serve_install.py
 
 lint: install
 	$(BIN)/ruff check .
@@ -91,4 +110,4 @@ compose-config:
 	@echo "docker-compose.yml: valid"
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) runs .pytest_cache
