@@ -133,7 +133,7 @@ def test_estimate_matches_the_saved_index(tmp_path, factory, n, dim):
         store.train(vectors)
     store.add([str(i) for i in range(n)], vectors)
     store.save()
-    written = next((tmp_path / "index").glob("index.*.faiss")).stat().st_size
+    written = next((tmp_path / "index").glob("seg.*.faiss")).stat().st_size
     file_bytes, memory_bytes = estimate_bytes(factory, n, dim)
     assert file_bytes == pytest.approx(written, rel=0.01)
     assert memory_bytes >= file_bytes

@@ -178,8 +178,14 @@ def test_corrupt_index_is_refused(tmp_path, capsys, photo_folder, tiny_onnx):
     data = bytearray(faiss_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     faiss_file.write_bytes(bytes(data))
-    code, _, err = run(capsys, "info", index)
+    # opening checks sizes and headers only (docs/index.md): verify reads every byte
+    code, _, err = run(capsys, "verify", index)
     assert code == 2 and "checksum" in err and "Traceback" not in err
+    faiss_file.write_bytes(bytes(data[:-10]))  # a truncation is seen at every open
+    for command in ("info", "search"):
+        argv = (command, index) if command == "info" else (command, index, faiss_file)
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "truncated" in err and "Traceback" not in err
 
 
 def test_bench_with_csv_gallery(tmp_path, capsys, photo_folder, tiny_onnx):

@@ -216,15 +216,15 @@ class IndexStore:
             )
         if fingerprint is not None and fingerprint != manifest.fingerprint:
             built = manifest.fingerprint or "an unrecorded model"
-            copy = (
-                f" (its copy is {directory / manifest.model.file})"
-                if manifest.model and manifest.model.file
-                else ""
-            )
             raise StoreError(
                 f"{directory} was built with model fingerprint {built}, not {fingerprint}: "
-                "rebuild the index with this model into a new folder, or use the model the "
-                f"index was built with{copy}"
+                "rebuild the index with this model (into a new folder), or use the model it "
+                "was built with"
+                + (
+                    f" (the index keeps a copy: {directory / manifest.model.file})"
+                    if manifest.model and manifest.model.file
+                    else ""
+                )
             )
 
     @classmethod
