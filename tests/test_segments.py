@@ -166,6 +166,7 @@ def test_searches_and_writes_go_on_during_a_merge(tmp_path: Path, monkeypatch) -
     merger.join(60)
     assert during == ["done"] and len(store._sealed) == 1
     assert "10" not in store and "800" in store and len(store) == 800
+    monkeypatch.undo()
     store.save()
     reopened = IndexStore.open(tmp_path / "idx")
     assert "10" not in reopened and "800" in reopened and len(reopened) == 800
@@ -176,9 +177,9 @@ def test_checkpoints_do_not_hold_the_search_lock(tmp_path: Path, monkeypatch) ->
     x = unit_vectors(rng, 400)
     store = saved_in_parts(tmp_path / "idx", x[:300], 1)
     store.add([str(i) for i in range(300, 400)], x[300:])
-    import index.store.core as core_module
+    import index.store.persist as persist_module
 
-    real_write = core_module.write_segment
+    real_write = persist_module.write_segment
     searched = []
 
     def write_and_search(*args, **kwargs):
@@ -187,7 +188,7 @@ def test_checkpoints_do_not_hold_the_search_lock(tmp_path: Path, monkeypatch) ->
         thread.join(10)  # would dead-lock if the save held the lock
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(core_module, "write_segment", write_and_search)
+    monkeypatch.setattr(persist_module, "write_segment", write_and_search)
     store.save()
     assert searched and searched[0][0][0].key == "350"  # the segment being sealed answers
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,19 +20,17 @@ from typing import Any
 import faiss
 import numpy as np
 
-from ..atomic import atomic_path
-from ..model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
 from .checks import as_matrix, check_keys, check_unit, metadata_column, text_column
 from .errors import KeyExistsError, StoreError
 from .items import Hit, ItemRecord, ItemTable, Row
-from .journal import JOURNAL_FILE, Journal, JournalOwner
+from .journal import Journal, JournalOwner
+from .loading import attach_journal, check_expected, check_model, load
 from .memory_segment import MemorySegment, hit
 from .merge import TOMBSTONE_FRACTION, pick_merge
-from .persist import TUNABLE_PARAMS
 from .persist import merge as merge_segments
 from .persist import save as save_store
-from .segment import SealedSegment, write_segment, write_tombstones
+from .segment import SealedSegment
 from .vectors import VectorIndex, build_index, check_gpu_mode
 
 logger = logging.getLogger(__name__)
@@ -125,7 +122,7 @@ class IndexStore:
             raise StoreError(f"{directory} is not empty; pass overwrite=True to replace it")
         source = None
         if model_path is not None:
-            source, fingerprint = cls._check_model(Path(model_path), fingerprint, dim)
+            source, fingerprint = check_model(Path(model_path), fingerprint, dim)
         check_gpu_mode(gpu)
         store = cls(
             directory,
@@ -147,20 +144,6 @@ class IndexStore:
             store._journal = Journal.open_existing(directory, dim)
             store._journal_seq = store._journal.last_seq() if store._journal else 0
         return store
-
-    @staticmethod
-    def _check_model(path: Path, fingerprint: str | None, dim: int) -> tuple[Path, str]:
-        try:
-            meta = read_model_metadata(path)
-        except ModelMetadataError as exc:
-            raise StoreError(str(exc)) from None
-        if fingerprint is not None and fingerprint != meta.fingerprint:
-            raise StoreError(
-                f"model {path} has fingerprint {meta.fingerprint}, not the given {fingerprint}"
-            )
-        if meta.embedding_dim != dim:
-            raise StoreError(f"model {path} embeds {meta.embedding_dim}-d vectors, not {dim}-d")
-        return path.resolve(), meta.fingerprint
 
     @classmethod
     def open(
@@ -188,17 +171,17 @@ class IndexStore:
         check_gpu_mode(gpu)
         for attempt in range(_OPEN_RETRIES):
             manifest = mf.read_manifest(directory)
-            cls._check_expected(manifest, directory, fingerprint, dim)
+            check_expected(manifest, directory, fingerprint, dim)
             try:
                 if manifest.format_version == mf.LEGACY_FORMAT_VERSION:
                     if journal:
                         raise StoreError(legacy_message(directory))
                     store = open_legacy(cls, directory, manifest, gpu)
                 else:
-                    store = cls._load(directory, manifest, gpu)
+                    store = load(cls, directory, manifest, gpu)
                     if verify:
                         store.verify()
-                store._attach_journal(create=journal)
+                attach_journal(store, create=journal)
                 return store
             except StoreError:
                 moved_on = mf.committed_generation(directory) != manifest.generation
@@ -206,116 +189,10 @@ class IndexStore:
                     raise
         raise AssertionError("unreachable")
 
-    @staticmethod
-    def _check_expected(
-        manifest: mf.Manifest, directory: Path, fingerprint: str | None, dim: int | None
-    ) -> None:
-        if dim is not None and dim != manifest.dim:
-            raise StoreError(
-                f"{directory} holds {manifest.dim}-d vectors, but {dim}-d were expected"
-            )
-        if fingerprint is not None and fingerprint != manifest.fingerprint:
-            built = manifest.fingerprint or "an unrecorded model"
-            raise StoreError(
-                f"{directory} was built with model fingerprint {built}, not {fingerprint}: "
-                "rebuild the index with this model (into a new folder), or use the model it "
-                "was built with"
-                + (
-                    f" (the index keeps a copy: {directory / manifest.model.file})"
-                    if manifest.model and manifest.model.file
-                    else ""
-                )
-            )
-
-    @classmethod
-    def _load(cls, directory: Path, manifest: mf.Manifest, gpu: str) -> IndexStore:
-        if manifest.model and manifest.model.file and manifest.model.checksum:
-            # small beside the segments, and what `search` embeds with: read in full
-            mf.verify_file(directory, manifest.model.file, manifest.model.checksum)
-        template = build_index(manifest.dim, manifest.factory)
-        if manifest.quantizer is not None:
-            data = mf.read_verified(directory, manifest.quantizer.name, manifest.quantizer.checksum)
-            template = VectorIndex.from_bytes(
-                data, directory / manifest.quantizer.name, manifest.dim, "cpu"
-            ).cpu
-        sealed: list[SealedSegment] = []
-        try:
-            for entry in manifest.segments:
-                sealed.append(SealedSegment(directory, entry, manifest.dim, gpu, manifest.factory))
-        except BaseException:
-            for segment in sealed:
-                segment.close()
-            raise
-        store = cls(
-            directory,
-            factory=manifest.factory,
-            dim=manifest.dim,
-            template=template,
-            gpu=gpu,
-            model=manifest.model,
-            committed=manifest,
-            sealed=sealed,
-        )
-        for name, value in manifest.search_params.items():
-            if name not in TUNABLE_PARAMS:
-                continue
-            VectorIndex(template, "cpu").set_parameter(name, value)
-            for segment in sealed:
-                segment.vectors.set_parameter(name, value)
-        live = sum(s.live_count for s in sealed)
-        if live != manifest.count:
-            store.close()
-            raise StoreError(
-                f"{directory} is inconsistent: {live} live items in its segments, manifest "
-                f"count {manifest.count}"
-            )
-        return store
-
     def _new_growing(self) -> MemorySegment:
         return MemorySegment(
             VectorIndex(faiss.clone_index(self._template), self._gpu), ItemTable.new()
         )
-
-    def _attach_journal(self, *, create: bool) -> None:
-        """Replay the folder's journal; with `create`, journal every later mutation."""
-        path = self.directory / JOURNAL_FILE
-        try:
-            if create:
-                self._journal_owner = JournalOwner(self.directory)
-            journal = (
-                Journal(path, self.dim)
-                if create
-                else Journal.open_existing(self.directory, self.dim)
-            )
-        except BaseException:
-            self.close()
-            raise
-        if journal is None:
-            return
-        try:
-            replayed = 0
-            for entry in journal.entries():
-                if entry.op == "add":
-                    self.add(
-                        [entry.key],
-                        entry.vector[None, :],
-                        labels=[entry.label],
-                        paths=[entry.path],
-                        metadata=[entry.metadata],
-                        replace=True,
-                    )
-                else:
-                    self.remove([entry.key])
-                self._journal_seq = entry.seq
-                replayed += 1
-                self._journal_pending = replayed
-        except BaseException:
-            journal.close()
-            self.close()
-            raise
-        self._journal, self._journaling = journal, create
-        if replayed:
-            logger.info("replayed %d journalled mutation(s) of %s", replayed, self.directory)
 
     # -- segments ----------------------------------------------------------------------
 
@@ -653,54 +530,6 @@ class IndexStore:
         with self._lock:
             healthy = [s for s in self._sealed if not s.damaged]
             return bool(pick_merge(healthy))
-
-    def _write_model(self, generation: int) -> mf.ModelEntry | None:
-        """Copy a pending model in (keeping the committed one intact until the commit)."""
-        if self._model_source is None:
-            return self._model
-        committed = self._committed_model_file()
-        name = mf.MODEL_FILE if committed != mf.MODEL_FILE else mf.model_file(generation)
-        with atomic_path(self.directory / name) as tmp:
-            shutil.copyfile(self._model_source, tmp)
-            entry = mf.sha256_file(tmp)
-        return mf.ModelEntry(self.fingerprint, name, entry)
-
-    def _committed_model_file(self) -> str | None:
-        try:
-            model = mf.read_manifest(self.directory).model
-        except StoreError:
-            return None
-        return model.file if model else None
-
-    def _write_tombstones(self, segment: SealedSegment, generation: int, ids: set[int]) -> None:
-        entry = write_tombstones(self.directory, segment.number, generation, ids)
-        segment.entry = mf.SegmentEntry(
-            segment.number, segment.entry.rows, segment.entry.files, entry
-        )
-
-    def _seal(self, segment: MemorySegment, number: int, generation: int) -> mf.SegmentEntry:
-        """Write a frozen memory segment as sealed segment `number`. Its FAISS index is
-        written as it is: without tombstones it holds exactly the live rows; with them
-        (HNSW, which cannot remove) every row goes out and the tombstones with it, so
-        the graph searched after the save is the one searched before."""
-        dead = segment.frozen_dead
-        if not dead:
-            rows, count = segment.live_rows(dead=set()), segment.frozen_rows
-        else:
-            rows, count = segment.all_rows(), segment.ntotal
-        entry = write_segment(
-            self.directory,
-            number,
-            self._template,
-            rows,
-            count,
-            factory=self.factory,
-            prebuilt=segment.vectors.cpu,
-        )
-        if not dead:
-            return entry
-        tombstones = write_tombstones(self.directory, number, generation, dead)
-        return mf.SegmentEntry(number, entry.rows, entry.files, tombstones)
 
     # -- reporting and lifetime ---------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 from typing import TYPE_CHECKING
 
 import faiss
@@ -23,7 +24,7 @@ from .errors import StoreError
 from .journal import JournalOwner
 from .memory_segment import MemorySegment
 from .merge import pick_merge
-from .segment import SealedSegment, write_segment
+from .segment import SealedSegment, write_segment, write_tombstones
 
 if TYPE_CHECKING:
     from .core import IndexStore
@@ -51,13 +52,13 @@ def save(store: IndexStore) -> None:
                 jobs = _freeze(store)
                 tombstones = {s: set(s.tombstones) for s in store._sealed if s.pending_tombstones}
                 seq, pending = store._journal_seq, store._journal_pending
-            model = store._write_model(generation)
+            model = _write_model(store, generation)
             quantizer = _write_quantizer(store, generation)
             sealed = [
-                (segment, store._seal(segment, number, generation)) for segment, number in jobs
+                (segment, _seal(store, segment, number, generation)) for segment, number in jobs
             ]
             for segment, ids in tombstones.items():
-                store._write_tombstones(segment, generation, ids)
+                _write_tombstones(store, segment, generation, ids)
             with store._lock:
                 for segment, entry in sealed:
                     store._sealing.remove(segment)
@@ -219,3 +220,57 @@ def _commit(
     keep = set(manifest.listed_files()) | ({model.file} if model and model.file else set())
     removed = mf.remove_stale(store.directory, keep)
     logger.debug("committed generation %d; removed %s", generation, removed)
+
+
+def _write_model(store: IndexStore, generation: int) -> mf.ModelEntry | None:
+    """Copy a pending model in (keeping the committed one intact until the commit)."""
+    if store._model_source is None:
+        return store._model
+    committed = _committed_model_file(store)
+    name = mf.MODEL_FILE if committed != mf.MODEL_FILE else mf.model_file(generation)
+    with atomic_path(store.directory / name) as tmp:
+        shutil.copyfile(store._model_source, tmp)
+        entry = mf.sha256_file(tmp)
+    return mf.ModelEntry(store.fingerprint, name, entry)
+
+
+def _committed_model_file(store: IndexStore) -> str | None:
+    try:
+        model = mf.read_manifest(store.directory).model
+    except StoreError:
+        return None
+    return model.file if model else None
+
+
+def _write_tombstones(
+    store: IndexStore, segment: SealedSegment, generation: int, ids: set[int]
+) -> None:
+    entry = write_tombstones(store.directory, segment.number, generation, ids)
+    segment.entry = mf.SegmentEntry(segment.number, segment.entry.rows, segment.entry.files, entry)
+
+
+def _seal(
+    store: IndexStore, segment: MemorySegment, number: int, generation: int
+) -> mf.SegmentEntry:
+    """Write a frozen memory segment as sealed segment `number`. Its FAISS index is
+    written as it is: without tombstones it holds exactly the live rows; with them
+    (HNSW, which cannot remove) every row goes out and the tombstones with it, so
+    the graph searched after the save is the one searched before."""
+    dead = segment.frozen_dead
+    if not dead:
+        rows, count = segment.live_rows(dead=set()), segment.frozen_rows
+    else:
+        rows, count = segment.all_rows(), segment.ntotal
+    entry = write_segment(
+        store.directory,
+        number,
+        store._template,
+        rows,
+        count,
+        factory=store.factory,
+        prebuilt=segment.vectors.cpu,
+    )
+    if not dead:
+        return entry
+    tombstones = write_tombstones(store.directory, number, generation, dead)
+    return mf.SegmentEntry(number, entry.rows, entry.files, tombstones)
