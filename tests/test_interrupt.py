@@ -211,9 +211,10 @@ def _stop_after_first_checkpoint(command: list[str], run: Path, signum: int, gro
     return subprocess.CompletedProcess(command, process.returncode, out, err), seen, waited
 
 
-def _check_stopped(result, seen, run: Path, command: str) -> int:
+def _check_stopped(result, seen, run: Path, command: str, signum: int) -> int:
     """The checks every stop shares; returns the checkpoint's epoch."""
-    assert result.returncode in (130, 143), result.stderr  # 143 for SIGTERM: see interrupt.py
+    assert result.returncode == 128 + signum, result.stderr  # 143 SIGTERM, 130 Ctrl-C
+    assert "interrupted" not in result.stderr, result.stderr  # the resume line says it all
     assert "Traceback" not in result.stderr, result.stderr
     assert _left(seen) == [], f"data-loader workers left running: {_left(seen)}"
     epoch = json.loads((run / "checkpoint" / "state.json").read_text())["epoch"]
@@ -259,7 +260,7 @@ def test_sigterm_stops_pretrain_with_its_workers_and_resume_continues(tmp_path, 
     assert "stopped by SIGTERM" in result.stderr
     assert len(seen) == 2  # --workers 2
     assert waited < 60
-    epoch = _check_stopped(result, seen, run, "pretrain")
+    epoch = _check_stopped(result, seen, run, "pretrain", signal.SIGTERM)
 
     more = [*TRAIN, "pretrain", "--out", str(run), "--resume", "--epochs", str(epoch + 1)]
     resumed = subprocess.run(more, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -288,4 +289,22 @@ def test_ctrl_c_stops_fit_with_its_workers(tmp_path):
     result, seen, waited = _stop_after_first_checkpoint(command, run, signal.SIGINT, True)
     assert "stopped by Ctrl-C (SIGINT)" in result.stderr
     assert waited < 60
-    _check_stopped(result, seen, run, "fit")
+    _check_stopped(result, seen, run, "fit", signal.SIGINT)
+
+
+def test_a_missing_training_package_is_one_line(monkeypatch, capsys) -> None:
+    """In a serving install (no torch), a training command names the install it needs."""
+    import training.cli as cli
+
+    def needs_torch(args) -> int:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["fit"].set_defaults(handler=needs_torch)
+    assert cli.main(["fit", "--out", "unused"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "vitrieval-train fit: error: torch is not installed; training needs "
+        "pip install -c constraints.txt -e '.[train,serve]'"
+    ]

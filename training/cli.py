@@ -395,16 +395,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _show_log_lines(args.verbose)
+    from .interrupt import exit_status, stop_on_signals
+
     try:
-        return args.handler(args)
+        with stop_on_signals():  # SIGTERM stops a run as Ctrl-C does
+            return args.handler(args)
     except Exception as exc:
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and missing.split(".")[0] in TRAINING_PACKAGES:
+            print(
+                f"vitrieval-train {args.command}: error: {missing} is not installed; training "
+                "needs pip install -c constraints.txt -e '.[train,serve]'",
+                file=sys.stderr,
+            )
+            return 2
         if not isinstance(exc, user_errors()):
             raise
         print(f"vitrieval-train {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"vitrieval-train {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return exit_status(args.command, exc)
+
+
+TRAINING_PACKAGES = frozenset(
+    {"torch", "torchvision", "timm", "safetensors", "onnx", "onnxscript", "matplotlib", "skimage"}
+)
+"""What the `train` extra installs and a serving install lacks."""
 
 
 if __name__ == "__main__":
