@@ -12,8 +12,10 @@ Choices, and why:
   kernels are fastest with on x86-64 (VNNI) and ARM64. U8U8 (`QUInt8` weights) ran
   1.7x slower than U8S8 on an AVX512-VNNI core (tiny test model, batch 64). On older AVX2 cores
   without VNNI, U8S8 can saturate; the agreement check below is what catches that.
-- only MatMul and Gemm are quantised: the patch-embedding Conv holds a tiny share of a
-  ViT's weights, and int8 ConvInteger kernels are missing from some ORT versions.
+- only MatMul and Gemm are quantised, and the fused attention blocks of a model
+  `vitrieval-index optimize` wrote (Attention -> QAttention, int8 qkv projection): the
+  patch-embedding Conv holds a tiny share of a ViT's weights, and int8 ConvInteger
+  kernels are missing from some ORT versions.
 - the symbolic-shape "pre-processing" the quantiser suggests fails on timm exports and
   changed nothing measurable, so it is skipped (and its hint silenced).
 
@@ -21,7 +23,10 @@ The result is another model, so it gets another fingerprint:
 sha256(original fingerprint + ":int8-dynamic"). An index built with the FP32 model is
 refused by the INT8 one and vice versa, as it must be: their vectors differ. The
 original is kept in `vitrieval.source_fingerprint`, and `vitrieval.quantization`
-records the scheme ("int8-dynamic").
+records the scheme ("int8-dynamic"). A source rewritten by `vitrieval-index optimize`
+(same fingerprint as its plain export) gives sha256(original + ":attention-fusion" +
+":int8-dynamic"): its INT8 attention kernels round differently from the plain INT8
+model's, so the two INT8 models are kept apart too.
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ from .model_metadata import PREFIX, ModelMetadataError, read_model_metadata
 SCHEME = "int8-dynamic"
 QUANTIZATION_KEY = PREFIX + "quantization"
 SOURCE_FINGERPRINT_KEY = PREFIX + "source_fingerprint"
+OPTIMIZATION_KEY = PREFIX + "optimization"  # set by index.optimize
 FINGERPRINT_KEY = PREFIX + "fingerprint"
-QUANTIZED_OPS = ("MatMul", "Gemm")
+QUANTIZED_OPS = ("MatMul", "Gemm", "Attention")
 N_RANDOM_CHECK_IMAGES = 16
 
 
@@ -88,9 +94,12 @@ class QuantizeReport:
         )
 
 
-def quantized_fingerprint(source_fingerprint: str) -> str:
-    """The fingerprint of the INT8 model made from a model with `source_fingerprint`."""
-    return hashlib.sha256(f"{source_fingerprint}:{SCHEME}".encode()).hexdigest()
+def quantized_fingerprint(source_fingerprint: str, optimization: str | None = None) -> str:
+    """The fingerprint of the INT8 model made from a model with `source_fingerprint`
+    (rewritten by `vitrieval-index optimize` with scheme `optimization`, if given: its
+    INT8 kernels round differently, so its vectors differ from the plain INT8 model's)."""
+    source = f"{source_fingerprint}:{optimization}" if optimization else source_fingerprint
+    return hashlib.sha256(f"{source}:{SCHEME}".encode()).hexdigest()
 
 
 def quantize_model(
@@ -119,7 +128,10 @@ def quantize_model(
     images = list(check_images) if check_images is not None else random_check_images()
     if not images:
         raise ValueError("check_images is empty; pass None to use random images")
-    fingerprint = quantized_fingerprint(meta.fingerprint)
+    optimization = source_props.get(OPTIMIZATION_KEY)
+    fingerprint = quantized_fingerprint(
+        meta.fingerprint, json.loads(optimization) if optimization else None
+    )
     with atomic_path(dst) as tmp:
         with _quiet_quantizer():
             quantize_dynamic(
