@@ -20,6 +20,7 @@ Failures raise `ImageDecodeError` with a message meant for the user.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import threading
@@ -27,7 +28,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile, PngImagePlugin, UnidentifiedImageError
 
 ALLOWED_FORMATS: frozenset[str] = frozenset({"JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO"})
 """PIL format names accepted by `open_image` (MPO is the multi-picture JPEG of phones)."""
@@ -48,6 +49,9 @@ channel and the RGB result (4 + 1 + 4, padded), or the 32-bit copy of a 16-bit p
 
 # Truncated files must raise, not decode into half-grey images.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
+# PNG text chunks are decompressed when the header is read; vitrieval uses none, so
+# they may not cost more than this (Pillow allows 64 MB of them)
+PngImagePlugin.MAX_TEXT_CHUNK = PngImagePlugin.MAX_TEXT_MEMORY = 256 * 1024
 
 
 class ImageDecodeError(ValueError):
@@ -128,6 +132,7 @@ class DecodePlan:
     mode: str
     frame: tuple[int, int]
     reduce: int
+    decoder_bytes: int = 0  # what the format's decoder holds beside the frame
 
     @property
     def frame_bytes(self) -> int:
@@ -141,7 +146,12 @@ class DecodePlan:
     def peak_bytes(self) -> int:
         width, height = self.output_size
         strip = min(self.frame[1], _strip_rows(self.frame[0], self.reduce)) * self.frame[0]
-        return self.frame_bytes + strip * STRIP_BYTES_PER_PIXEL + width * height * 4
+        return (
+            self.frame_bytes
+            + self.decoder_bytes
+            + strip * STRIP_BYTES_PER_PIXEL
+            + width * height * 4
+        )
 
 
 def plan_decode(
@@ -171,10 +181,8 @@ def open_image(
     oversized, oddly shaped or disallowed file.
     """
     with _opened(source) as (image, name):
-        plan = _plan(image, name, max_pixels, draft_size)
+        plan = _plan(image, name, max_pixels, draft_size)  # sets a JPEG's draft too
         try:
-            if plan.frame != plan.size:
-                image.draft("RGB", plan.frame)
             image.load()
             if image.size != plan.frame:  # the decoder chose otherwise: plan again
                 plan = replace(plan, frame=image.size, mode=image.mode)
@@ -201,9 +209,13 @@ def _opened(source: Source) -> Iterator[tuple[Image.Image, str]]:
                 # PIL warns (DecompressionBombWarning) before it raises; our own limit
                 # is what decides, so the warning is noise.
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                image = Image.open(fp, formats=None)
+                # only the allowed formats' plugins ever parse an untrusted header
+                image = Image.open(fp, formats=_open_formats())
         except UnidentifiedImageError:
-            raise UnsupportedFormatError(f"{name}: not a recognised image file") from None
+            raise UnsupportedFormatError(
+                f"{name}: not a recognised image file of an accepted format "
+                f"({', '.join(sorted(ALLOWED_FORMATS))})"
+            ) from None
         except Image.DecompressionBombError as exc:
             raise ImageTooLargeError(f"{name}: {exc}") from None
         except (OSError, ValueError, SyntaxError, EOFError) as exc:
@@ -214,6 +226,14 @@ def _opened(source: Source) -> Iterator[tuple[Image.Image, str]]:
                 f"(allowed: {', '.join(sorted(ALLOWED_FORMATS))})"
             )
         yield image, name
+
+
+@functools.cache
+def _open_formats() -> list[str]:
+    """The plugins `Image.open` may try: the allowed formats that have one (an MPO
+    file is opened by the JPEG plugin)."""
+    Image.init()
+    return [name for name in sorted(ALLOWED_FORMATS) if name in Image.OPEN]
 
 
 def _plan(image: Image.Image, name: str, max_pixels: int, draft_size: int | None) -> DecodePlan:
@@ -229,22 +249,20 @@ def _plan(image: Image.Image, name: str, max_pixels: int, draft_size: int | None
         raise ImageShapeError(
             f"{name}: {width}x{height} is more than {MAX_ASPECT_RATIO}:1 (a strip, not a picture)"
         )
-    frame = (width, height)
-    if draft_size and image.format in ("JPEG", "MPO"):
-        frame = _jpeg_draft_size(width, height, draft_size)
+    frame, mode = (width, height), image.mode
+    decoder = 0
+    if image.format in ("JPEG", "MPO"):
+        if image.info.get("progressive") or image.info.get("progression"):
+            # libjpeg keeps every coefficient of a progressive file at full size,
+            # whatever the scale it decodes to: 2 bytes a sample
+            decoder = width * height * len(image.getbands()) * 2
+        if draft_size:
+            image.draft("RGB", (draft_size, draft_size))  # sets the size it will decode to
+            frame, mode = image.size, image.mode
+    elif image.format == "WEBP":
+        decoder = 2 * width * height * 4  # libwebp's buffer and the canvas it is copied to
     reduce = max(1, min(frame) // draft_size) if draft_size else 1
-    return DecodePlan(image.format, (width, height), image.mode, frame, reduce)
-
-
-def _jpeg_draft_size(width: int, height: int, draft_size: int) -> tuple[int, int]:
-    """The size Pillow's JPEG `draft` decodes to: the largest scale 1/1..1/8 that keeps
-    both sides >= draft_size (rounding up, as libjpeg does)."""
-    scale = 1
-    for candidate in (8, 4, 2):
-        if -(-width // candidate) >= draft_size and -(-height // candidate) >= draft_size:
-            scale = candidate
-            break
-    return (-(-width // scale), -(-height // scale))
+    return DecodePlan(image.format, (width, height), mode, frame, reduce, decoder)
 
 
 def _pixel_bytes(mode: str) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 
 from .state import ServiceState
@@ -50,7 +51,8 @@ async def checkpoint_loop(state: ServiceState) -> None:
                 logger.exception("saving the index failed; mutations stay in the journal")
                 pending_since = time.monotonic()
                 continue
-            if (merging is None or merging.done()) and state.store.due_merge():
+            idle = merging is None or merging.done()
+            if idle and await asyncio.to_thread(state.store.due_merge):
                 merging = asyncio.create_task(asyncio.to_thread(_merge, state))
     finally:
         if merging is not None:
@@ -73,16 +75,20 @@ async def scrub_loop(state: ServiceState) -> None:
     if settings.scrub_interval_s <= 0:
         return
     await asyncio.sleep(settings.scrub_delay_s)
-    while True:
-        damaged = await asyncio.to_thread(state.store.scrub, settings.scrub_bytes_per_s)
-        if damaged:
-            logger.error(
-                "index %s: segment(s) %s failed verification and are out of service; "
-                "restore the index from a backup",
-                settings.index,
-                ", ".join(str(number) for number, _ in damaged),
-            )
-        await asyncio.sleep(settings.scrub_interval_s)
+    stop = threading.Event()  # a thread cannot be cancelled: it is asked to stop
+    try:
+        while True:
+            damaged = await asyncio.to_thread(state.store.scrub, settings.scrub_bytes_per_s, stop)
+            if damaged:
+                logger.error(
+                    "index %s: segment(s) %s failed verification and are out of service; "
+                    "restore the index from a backup",
+                    settings.index,
+                    ", ".join(str(number) for number, _ in damaged),
+                )
+            await asyncio.sleep(settings.scrub_interval_s)
+    finally:
+        stop.set()
 
 
 def final_save(state: ServiceState) -> None:

@@ -124,6 +124,8 @@ class LimitsMiddleware:
             await response(scope, receive, send)
             return
         body = _BodyReader(receive, limit, self.body_timeout_s, length)
+        if not has_body:
+            body.released = True  # it holds no upload slot: nothing to give back
         self.body_bytes += held
         if has_body:
             self.uploading += 1

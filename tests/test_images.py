@@ -59,7 +59,7 @@ def test_pixel_limit_is_checked_before_decoding():
 
 
 def test_disallowed_format_is_refused():
-    with pytest.raises(UnsupportedFormatError, match="not accepted"):
+    with pytest.raises(UnsupportedFormatError, match="not a recognised image file of an accepted"):
         open_image(encode(Image.new("RGB", (8, 8)), "PPM"))
 
 
@@ -102,6 +102,11 @@ def test_decode_plan_is_read_from_the_header() -> None:
     assert grey16.mode == "I;16" and grey16.frame_bytes == 100 * 50 * 2 and grey16.reduce == 1
     jpeg = plan_decode(encode(Image.new("RGB", (1600, 1200)), "JPEG"), draft_size=150)
     assert jpeg.frame == (200, 150) and jpeg.reduce == 1  # DCT scaling by 1/8
+    odd = plan_decode(encode(Image.new("RGB", (6001, 3001)), "JPEG"), draft_size=300)
+    assert odd.frame == (751, 376) and odd.decoder_bytes == 0  # ceil(6001 / 8), baseline
+    progressive = encode(Image.new("RGB", (640, 480)), "JPEG", progressive=True)
+    assert plan_decode(progressive, draft_size=100).decoder_bytes == 640 * 480 * 3 * 2
+    assert plan_decode(encode(Image.new("RGB", (64, 32)), "WEBP")).decoder_bytes == 2 * 64 * 32 * 4
 
 
 def test_the_planned_jpeg_draft_size_is_what_pillow_decodes() -> None:
@@ -109,9 +114,7 @@ def test_the_planned_jpeg_draft_size_is_what_pillow_decodes() -> None:
 
     for size, draft in (((1601, 1203), 150), ((999, 333), 100), ((640, 480), 300)):
         data = encode(Image.new("RGB", size, (10, 20, 30)), "JPEG")
-        image = Image.open(io.BytesIO(data))
-        image.draft("RGB", (draft, draft))
-        assert plan_decode(data, draft_size=draft).frame == image.size
+        assert plan_decode(data, draft_size=draft).frame == open_image(data, draft_size=draft).size
 
 
 @pytest.mark.parametrize("mode", ["P", "RGBA", "LA", "I;16", "RGB", "L"])
@@ -152,6 +155,21 @@ def test_strips_beyond_the_aspect_ratio_limit_are_refused_before_decoding() -> N
     with pytest.raises(ImageShapeError, match="more than 100:1"):
         open_image(encode(Image.new("L", (MAX_ASPECT_RATIO * 3 + 1, 3)), "PNG"))
     assert open_image(encode(Image.new("L", (MAX_ASPECT_RATIO * 3, 3)), "PNG")).size == (300, 3)
+
+
+def test_png_text_chunks_cannot_cost_memory() -> None:
+    """A small PNG can carry tens of MB of compressed text, expanded when the header is
+    read; vitrieval reads none of it, so it is capped and such a file refused."""
+    import zlib
+
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("note", "x" * (8 << 20), zip=True)  # 8 MB of text, ~8 KB compressed
+    data = encode(Image.new("L", (8, 8)), "PNG", pnginfo=info)
+    assert len(data) < 50_000 and len(zlib.compress(b"x" * (8 << 20))) < 50_000
+    with pytest.raises(ImageDecodeError):
+        open_image(data)
 
 
 def test_decode_budget_refuses_waits_and_gives_back() -> None:

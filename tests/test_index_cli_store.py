@@ -59,8 +59,8 @@ def test_upgrade_and_merge_commands(tmp_path: Path, capsys) -> None:
     assert code == 0 and "already in format 2" in out
     code, out, err = run(capsys, "remove", tmp_path / "old", "3")
     assert code == 0
-    many = saved_in_parts(tmp_path / "many", x, 4)
+    many = saved_in_parts(tmp_path / "many", x, 3)
     many.close()
     code, out, _ = run(capsys, "merge", tmp_path / "many", "--all")
-    assert code == 0 and out.strip().endswith("merged 4 of 4 segments; 1 now")
+    assert code == 0 and out.strip().endswith("merged 3 of 3 segments; 1 now")
     assert len(IndexStore.open(tmp_path / "many")) == 120

@@ -177,3 +177,23 @@ def test_disconnects_are_counted_apart_from_errors() -> None:
     rendered = metrics.render().decode()
     assert 'vitrieval_client_disconnects_total{route="/echo"} 1.0' in rendered
     assert "vitrieval_request_errors_total{" not in rendered
+
+
+def test_bodyless_posts_never_free_an_upload_slot_they_did_not_take() -> None:
+    app, _ = edge_app(upload_slots=2)
+    edge = None
+
+    async def run() -> None:
+        nonlocal edge
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://edge") as client:
+            for _ in range(3):  # no Content-Length, no chunked body: the app reads b""
+                request = client.build_request("POST", "/echo")
+                request.headers.pop("content-length", None)
+                assert (await client.send(request)).status_code == 200
+        edge = app.middleware_stack
+        while not isinstance(edge, LimitsMiddleware):
+            edge = edge.app
+
+    asyncio.run(run())
+    assert edge.uploading == 0 and edge.in_flight == 0 and edge.body_bytes == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import signal
@@ -24,7 +25,7 @@ from store_helpers import as_pairs, brute_force, exact_vectors, unit_vectors
 
 from index.store import IndexStore, StoreError, upgrade
 from index.store import segment as segment_module
-from index.store.merge import MAX_SEGMENTS, pick_merge
+from index.store.merge import FLOOR_ROWS, MERGE_FACTOR, pick_merge, tier
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,7 @@ def test_flat_search_over_segments_equals_one_segment(tmp_path: Path) -> None:
     queries = np.concatenate([x[:10], exact_vectors(rng, 20)])
     many = saved_in_parts(tmp_path / "many", x, 6)
     one = saved_in_parts(tmp_path / "one", x, 1)
-    assert len(many._sealed) == 6 and len(one._sealed) == 1
+    assert len(many._sealed) > 1 and len(one._sealed) == 1
     many.remove(["3", "333", "610"])  # tombstones in sealed segments
     one.remove(["3", "333", "610"])
     for kwargs in ({}, {"label": "2"}, {"exclude_keys": ["0", "5", "620"]}):
@@ -114,12 +115,42 @@ def test_merge_policy() -> None:
         def __init__(self, live: int, dead: int = 0) -> None:
             self.live_count, self.ntotal, self.tombstones = live, live + dead, set(range(dead))
 
-    assert pick_merge([Seg(100)] * MAX_SEGMENTS) == []
-    sizes = [1000, 5, 900, 7, 800, 3, 700, 600, 500]  # one over the limit
-    assert pick_merge([Seg(n) for n in sizes]) == [1, 5]  # the two smallest
+    assert [tier(n) for n in (0, FLOOR_ROWS, 4 * FLOOR_ROWS - 1, 4 * FLOOR_ROWS, 10**6)] == [
+        0,
+        0,
+        0,
+        1,
+        3,
+    ]
+    assert pick_merge([Seg(100)] * (MERGE_FACTOR - 1)) == []
+    # eight large segments and one small new one: the small one waits for its peers
+    assert pick_merge([Seg(1_000_000)] * 3 + [Seg(1_000)]) == []
+    sizes = [900_000, 5, 1_000, 7, 800_000, 3, 12, 600]  # tier 0: 5, 1000, 7, 3, 12, 600
+    assert pick_merge([Seg(n) for n in sizes]) == [1, 3, 5, 6]  # its 4 smallest
     assert pick_merge([Seg(100, 30), Seg(10)]) == [0]  # worn out: rewritten alone
     assert pick_merge([Seg(100, 20)]) == []  # 20% is not above the limit
     assert pick_merge([Seg(10), Seg(20)], everything=True) == [0, 1]
+
+
+def test_write_amplification_of_the_policy_is_logarithmic() -> None:
+    """Simulated: 2,000 checkpoints of 1,000 rows (2M rows) copy each row a few times,
+    not once per checkpoint."""
+
+    class Seg:
+        def __init__(self, live: int) -> None:
+            self.live_count, self.ntotal, self.tombstones = live, live, set()
+
+    segments: list[Seg] = []
+    copied = 0
+    for _ in range(2000):
+        segments.append(Seg(1000))
+        while picks := pick_merge(segments):
+            merged = sum(segments[i].live_count for i in picks)
+            copied += merged
+            segments = [s for i, s in enumerate(segments) if i not in picks] + [Seg(merged)]
+    levels = math.log(2_000_000 / 1000, MERGE_FACTOR)  # about 5.5
+    assert copied / 2_000_000 < 2 * levels, copied / 2_000_000  # the old policy: over 300
+    assert len(segments) <= 4 * (MERGE_FACTOR - 1)
 
 
 def test_saves_keep_the_segment_count_bounded_and_merges_drop_tombstones(tmp_path: Path) -> None:
@@ -127,7 +158,7 @@ def test_saves_keep_the_segment_count_bounded_and_merges_drop_tombstones(tmp_pat
     x = exact_vectors(rng, 1200)
     queries = exact_vectors(rng, 10)
     store = saved_in_parts(tmp_path / "idx", x, 30)
-    assert len(store._sealed) <= MAX_SEGMENTS
+    assert len(store._sealed) < MERGE_FACTOR  # all in the smallest tier
     store.remove([str(i) for i in range(0, 1200, 2)])
     store.save()
     store.merge(everything=True)
@@ -144,7 +175,7 @@ def test_searches_and_writes_go_on_during_a_merge(tmp_path: Path, monkeypatch) -
     it does, and a removal made meanwhile of a merged item survives into the new segment."""
     rng = np.random.default_rng(4)
     x = exact_vectors(rng, 900)
-    store = saved_in_parts(tmp_path / "idx", x[:800], 4)
+    store = saved_in_parts(tmp_path / "idx", x[:800], 3)
     real_write = segment_module.write_segment
     during: list[str] = []
 
@@ -214,7 +245,7 @@ def test_sigkill_during_merges_leaves_the_last_commit_loadable(tmp_path: Path) -
     rng = np.random.default_rng(6)
     x = exact_vectors(rng, 3000)
     queries = exact_vectors(rng, 5)
-    saved_in_parts(tmp_path / "idx", x, 4).close()
+    saved_in_parts(tmp_path / "idx", x, 3).close()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     pace = random.Random(7)
     keys = {str(i) for i in range(3000)}
@@ -318,3 +349,82 @@ def test_an_upgrade_that_fails_midway_leaves_format_1(tmp_path: Path, monkeypatc
     monkeypatch.undo()
     store = IndexStore.open(tmp_path / "old")
     assert store.info()["format_version"] == 1 and len(store) == 50
+
+
+# -- failure paths of a save -------------------------------------------------------------
+
+
+def _journalled_store(directory: Path, x: np.ndarray) -> IndexStore:
+    store = IndexStore.create(directory, dim=x.shape[1])
+    store.add(["a0"], x[:1])
+    store.save()
+    store.close()
+    return IndexStore.open(directory, journal=True)
+
+
+def _crash(store: IndexStore) -> None:
+    """Drop the store without saving, as SIGKILL would."""
+    store._journal.close()
+    store._journal = None
+    store.close()
+
+
+def test_a_removal_after_a_failed_save_survives_the_next_save(tmp_path: Path, monkeypatch) -> None:
+    import index.store.persist as persist_module
+
+    x = unit_vectors(np.random.default_rng(10), 3)
+    store = _journalled_store(tmp_path / "idx", x)
+    store.add(["k1", "k2"], x[1:])
+    real_write = persist_module.write_segment
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(persist_module, "write_segment", disk_full)
+    with pytest.raises(OSError):
+        store.save()
+    monkeypatch.setattr(persist_module, "write_segment", real_write)
+    assert store.remove(["k1"]) == 1  # acknowledged: journalled
+    store.save()
+    assert store.journal_pending == 0
+    _crash(store)
+    assert IndexStore.open(tmp_path / "idx").keys() == ["a0", "k2"]
+
+
+def test_a_failure_opening_the_sealed_segment_loses_nothing(tmp_path: Path, monkeypatch) -> None:
+    import index.store.persist as persist_module
+
+    x = unit_vectors(np.random.default_rng(11), 3)
+    store = _journalled_store(tmp_path / "idx", x)
+    store.add(["k1", "k2"], x[1:])
+    real_open = persist_module._open_sealed
+
+    def too_many_files(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(persist_module, "_open_sealed", too_many_files)
+    with pytest.raises(OSError):
+        store.save()
+    assert "k1" in store and "k2" in store  # still searched from the frozen segment
+    monkeypatch.setattr(persist_module, "_open_sealed", real_open)
+    store.save()
+    _crash(store)
+    assert IndexStore.open(tmp_path / "idx").keys() == ["a0", "k1", "k2"]
+
+
+def test_a_crash_after_the_commit_never_replays_what_it_holds(tmp_path: Path, monkeypatch) -> None:
+    """A new index saved over one whose journal holds rows: if the process dies between
+    the commit and the journal's truncation, the old rows are not replayed into it."""
+    import index.store.journal as journal_module
+
+    x = unit_vectors(np.random.default_rng(12), 4)
+    old = _journalled_store(tmp_path / "idx", x)
+    old.add(["old-journalled"], x[1:2])
+    _crash(old)
+    fresh = IndexStore.create(tmp_path / "idx", dim=x.shape[1], overwrite=True)
+    fresh.add(["new0"], x[2:3])
+    monkeypatch.setattr(journal_module.Journal, "truncate", lambda self, upto: None)
+    fresh.save()  # committed; the truncation "never happened"
+    fresh.close()
+    monkeypatch.undo()
+    assert IndexStore.open(tmp_path / "idx").keys() == ["new0"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import manifest as mf
 from .checks import as_matrix, check_keys, check_unit, metadata_column, text_column
-from .errors import KeyExistsError, StoreError
+from .errors import DamagedIndexError, KeyExistsError, ScrubStopped, StoreError
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import Journal, JournalOwner
 from .loading import attach_journal, check_expected, check_model, load
@@ -76,6 +76,7 @@ class IndexStore:
         self._sealing: list[MemorySegment] = []  # frozen growing segments being written
         self._growing = growing or self._new_growing()
         self._retired: list[SealedSegment] = []  # replaced in memory, still committed
+        self._damaged: dict[int, str] = {}  # segments out of service: number -> why
         ids = [s.max_id() for s in self._memory_segments()] + [-1]
         self._next_id = max(committed.next_id if committed else 0, max(ids) + 1)
         numbers = [s.number for s in self._sealed] + [0]
@@ -318,6 +319,7 @@ class IndexStore:
                 "representative sample"
             )
         with self._lock:
+            self._refuse_if_damaged()
             existing = self._locate(keys)
             if existing and not replace:
                 first = next(iter(existing[0][1]))
@@ -354,6 +356,7 @@ class IndexStore:
         if isinstance(keys, str):
             raise StoreError("keys must be a sequence of strings, not one string")
         with self._lock:
+            self._refuse_if_damaged()
             found = self._locate(list(dict.fromkeys(keys)))
             if not found:
                 return 0
@@ -390,7 +393,8 @@ class IndexStore:
         (nprobe) carry over.
         """
         x = as_matrix(vectors, self.dim, "training vectors")
-        with self._lock:
+        # under the commit lock too: a save must not be sealing segments train replaces
+        with self._commit_lock, self._lock:
             if not self._trainable:
                 return
             fresh = VectorIndex(build_index(self.dim, self.factory), self._gpu)
@@ -501,30 +505,56 @@ class IndexStore:
         if committed and committed.model and committed.model.file and committed.model.checksum:
             mf.verify_file(self.directory, committed.model.file, committed.model.checksum)
 
-    def scrub(self, bytes_per_s: float | None = None) -> list[tuple[int, str]]:
+    def scrub(
+        self, bytes_per_s: float | None = None, stop: threading.Event | None = None
+    ) -> list[tuple[int, str]]:
         """Verify every sealed segment in turn (paced by `bytes_per_s`); a segment that
         fails is taken out of service: searches, lookups and merges skip it, and saves
         keep its committed entry as it is, for the operator to restore. Returns the
-        damaged segments as (number, reason), this scrub's and earlier ones."""
+        damaged segments as (number, reason), this scrub's and earlier ones. `stop`
+        ends the scrub between two reads (a server shutting down)."""
         with self._lock:
             segments = [s for s in self._sealed if not s.damaged]
         for segment in segments:
+            if stop is not None and stop.is_set():
+                break
             try:
-                segment.verify(bytes_per_s)
+                segment.verify(bytes_per_s, stop)
+            except ScrubStopped:
+                break
             except StoreError as exc:
-                with self._lock:
-                    segment.damaged = str(exc)
-                logger.error(
-                    "segment %d of %s is damaged and out of service: %s",
-                    segment.number,
-                    self.directory,
-                    exc,
-                )
+                self.mark_damaged(segment, str(exc))
         return self.damaged_segments()
 
-    def damaged_segments(self) -> list[tuple[int, str]]:
+    def mark_damaged(self, segment: SealedSegment, reason: str) -> None:
+        """Take `segment` out of service, unless a merge replaced it meanwhile (its files
+        are gone because they were merged, not damaged)."""
         with self._lock:
-            return [(s.number, s.damaged) for s in self._sealed if s.damaged]
+            if segment not in self._sealed:
+                return
+            segment.damaged = reason
+            self._damaged = {**self._damaged, segment.number: reason}
+        logger.error(
+            "segment %d of %s is damaged and out of service: %s",
+            segment.number,
+            self.directory,
+            reason,
+        )
+
+    def damaged_segments(self) -> list[tuple[int, str]]:
+        """(number, reason) of the segments out of service. Lock-free (a copy of a
+        dict the scrub replaces), so probes never wait behind a search or a save."""
+        return list(self._damaged.items())
+
+    def _refuse_if_damaged(self) -> None:
+        """Keys of a damaged segment cannot be looked up, so a mutation could break
+        their uniqueness: refuse them all until the index is restored."""
+        if self._damaged:
+            numbers = ", ".join(str(n) for n in self._damaged)
+            raise DamagedIndexError(
+                f"{self.directory}: segment(s) {numbers} failed verification; the index takes "
+                "no changes until it is restored from a backup"
+            )
 
     def due_merge(self) -> bool:
         with self._lock:

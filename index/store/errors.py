@@ -37,3 +37,12 @@ def faiss_reason(exc: BaseException) -> str:
     if asserted:
         text = asserted.group(1)
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+class DamagedIndexError(StoreError):
+    """A segment failed verification: the index answers searches without it but takes
+    no changes until restored."""
+
+
+class ScrubStopped(Exception):
+    """A paced verification was asked to stop (not an error of the index)."""

@@ -27,7 +27,12 @@ Tables::
         key TEXT NOT NULL, label TEXT, path TEXT, metadata TEXT (JSON object),
         vector BLOB (dim little-endian float32; NULL for 'remove'),
         checksum TEXT (hex SHA-256 of the row, see `row_checksum`))
-    meta(name TEXT PRIMARY KEY, value INTEGER)   -- legacy_upto
+    meta(name TEXT PRIMARY KEY, value INTEGER)   -- legacy_upto, journal_id
+
+The manifest records the journal's id and the last row its commit holds ("journal":
+{"id", "upto"}); replay skips those rows, so a crash between a commit and the
+truncation of the rows it holds (or a new index saved over an old one with a
+journal) never applies them twice, or to the wrong index.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -171,6 +177,12 @@ class Journal:
                 (legacy,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM ops").fetchone()
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('legacy_upto', ?)", (legacy,))
             row = db.execute("SELECT value FROM meta WHERE name = 'legacy_upto'").fetchone()
+            # names this journal file: a manifest records which journal's rows it holds
+            db.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('journal_id', ?)",
+                (secrets.randbits(62),),
+            )
+            (self.id,) = db.execute("SELECT value FROM meta WHERE name = 'journal_id'").fetchone()
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:

@@ -117,9 +117,15 @@ def attach_journal(store: IndexStore, *, create: bool) -> None:
         raise
     if journal is None:
         return
+    committed = store._committed.journal if store._committed else None
+    # rows the last commit holds already (its truncation may not have happened)
+    held = committed[1] if committed and committed[0] == journal.id else 0
     try:
         replayed = 0
+        store._journal_seq = max(store._journal_seq, held)
         for entry in journal.entries():
+            if entry.seq <= held:
+                continue
             if entry.op == "add":
                 store.add(
                     [entry.key],

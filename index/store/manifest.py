@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from .errors import StoreError
+from .errors import ScrubStopped, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ class Manifest:
     quantizer: NamedFile | None = None
     next_id: int = 0
     search_params: dict[str, int] = field(default_factory=dict)
+    journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
     files: dict[str, FileEntry] = field(default_factory=dict)
 
     @property
@@ -224,6 +225,7 @@ class Manifest:
             "count": self.count,
             "next_id": self.next_id,
             "search_params": dict(self.search_params),
+            "journal": ({"id": self.journal[0], "upto": self.journal[1]} if self.journal else None),
             "quantizer": self.quantizer.to_json() if self.quantizer else None,
             "segments": [segment.to_json() for segment in self.segments],
             "created": self.created,
@@ -231,9 +233,9 @@ class Manifest:
         }
 
 
-def sha256_file(path: Path, bytes_per_s: float | None = None) -> FileEntry:
+def sha256_file(path: Path, bytes_per_s: float | None = None, stop: Any = None) -> FileEntry:
     """Checksum a file by streaming it (model files can be hundreds of MB), at most
-    `bytes_per_s` when given."""
+    `bytes_per_s` when given; `stop` (an Event) set meanwhile raises ScrubStopped."""
     digest = hashlib.sha256()
     size = 0
     started = time.monotonic()
@@ -241,6 +243,8 @@ def sha256_file(path: Path, bytes_per_s: float | None = None) -> FileEntry:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
+            if stop is not None and stop.is_set():
+                raise ScrubStopped(str(path))
             if bytes_per_s:
                 ahead = size / bytes_per_s - (time.monotonic() - started)
                 if ahead > 0:
@@ -362,7 +366,21 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
         quantizer=None if quantizer is None else _parse_named(quantizer, where, _QUANTIZER_FILE),
         next_id=_require(data, "next_id", int, where),
         search_params={str(k): int(v) for k, v in params.items()},
+        journal=_parse_journal(data.get("journal"), where),
     )
+
+
+def _parse_journal(raw: Any, where: Path) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    if not (
+        isinstance(raw, dict)
+        and all(
+            isinstance(raw.get(k), int) and not isinstance(raw[k], bool) for k in ("id", "upto")
+        )
+    ):
+        raise StoreError(f"{where} is invalid: field 'journal' is malformed")
+    return raw["id"], raw["upto"]
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -430,13 +448,17 @@ def read_verified(directory: Path, name: str, expected: FileEntry) -> bytes:
 
 
 def verify_file(
-    directory: Path, name: str, expected: FileEntry, bytes_per_s: float | None = None
+    directory: Path,
+    name: str,
+    expected: FileEntry,
+    bytes_per_s: float | None = None,
+    stop: Any = None,
 ) -> Path:
     """Check DIR/name against the manifest by streaming it (for files not loaded here);
     `bytes_per_s` paces the reading (a background scrub must not starve searches)."""
     path = directory / name
     try:
-        actual = sha256_file(path, bytes_per_s)
+        actual = sha256_file(path, bytes_per_s, stop)
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; the index is incomplete") from None
     except OSError as exc:

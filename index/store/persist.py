@@ -60,11 +60,20 @@ def save(store: IndexStore) -> None:
             for segment, ids in tombstones.items():
                 _write_tombstones(store, segment, generation, ids)
             with store._lock:
-                for segment, entry in sealed:
+                # open every new segment before changing anything: a failure here leaves
+                # the frozen segments searched and sealed again by the next save
+                opened = []
+                try:
+                    for segment, entry in sealed:
+                        late = segment.tombstones - segment.frozen_dead
+                        opened.append((segment, _open_sealed(store, entry, late)))
+                except BaseException:
+                    for _, new in opened:
+                        new.close()
+                    raise
+                for segment, new in opened:
                     store._sealing.remove(segment)
-                    store._sealed.append(
-                        _open_sealed(store, entry, segment.tombstones - segment.frozen_dead)
-                    )
+                    store._sealed.append(new)
                     segment.close()
                 for segment, ids in tombstones.items():
                     segment.committed_tombstones |= ids
@@ -72,7 +81,8 @@ def save(store: IndexStore) -> None:
                 for retired in store._retired:
                     retired.close()
                 store._retired = []
-                _commit(store, generation, model, quantizer)
+                journal = (store._journal.id, seq) if store._journal is not None else None
+                _commit(store, generation, model, quantizer, journal)
                 store._model_source = None
                 store._quantizer_dirty = store._params_dirty = False
                 store._dirty = bool(
@@ -113,8 +123,7 @@ def merge(store: IndexStore, *, everything: bool = False) -> int:
                 try:
                     segment.verify()
                 except StoreError as exc:
-                    with store._lock:
-                        segment.damaged = str(exc)
+                    store.mark_damaged(segment, str(exc))
                     raise
             batches = itertools.chain.from_iterable(
                 s.live_rows(dead=dead[s.number]) for s in chosen
@@ -134,6 +143,7 @@ def merge(store: IndexStore, *, everything: bool = False) -> int:
                     generation,
                     committed.model if committed else store._model,
                     committed.quantizer if committed else None,
+                    committed.journal if committed else None,
                 )
                 for segment in chosen:
                     segment.close()
@@ -162,10 +172,15 @@ def _freeze(store: IndexStore) -> list[tuple[MemorySegment, int]]:
         else:
             growing.close()
     jobs = []
-    for segment in store._sealing:
-        if not segment.frozen:
-            segment.frozen_dead = segment.freeze()
-            segment.frozen_rows = segment.live_count
+    for segment in list(store._sealing):
+        if segment.frozen and not segment.live_count:
+            store._sealing.remove(segment)  # left by a failed save, emptied since
+            segment.close()
+            continue
+        # a segment left frozen by a failed save is written with the removals made
+        # since: the journal rows of those removals are truncated by this save
+        segment.frozen_dead = segment.freeze() if not segment.frozen else set(segment.tombstones)
+        segment.frozen_rows = segment.live_count
         jobs.append((segment, store._next_segment))
         store._next_segment += 1
     return jobs
@@ -199,8 +214,10 @@ def _commit(
     generation: int,
     model: mf.ModelEntry | None,
     quantizer: mf.NamedFile | None,
+    journal: tuple[int, int] | None,
 ) -> None:
-    """Replace manifest.json with the store's sealed segments as committed now."""
+    """Replace manifest.json with the store's sealed segments as committed now;
+    `journal`: (journal id, last journal row the commit holds)."""
     entries = tuple(s.entry for s in store._sealed)
     manifest = mf.Manifest(
         generation=generation,
@@ -214,6 +231,7 @@ def _commit(
         quantizer=quantizer,
         next_id=store._next_id,
         search_params={k: v for k, v in store.search_params().items() if k in TUNABLE_PARAMS},
+        journal=journal,
     )
     mf.write_manifest(store.directory, manifest)
     store._committed, store._base_generation, store._model = manifest, generation, model

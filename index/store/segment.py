@@ -27,6 +27,7 @@ import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -159,11 +160,12 @@ class SealedSegment:
             raise StoreError(f"{self.directory / tomb.name} is damaged: {exc}") from None
         return set(ids.astype(np.int64).tolist())
 
-    def verify(self, bytes_per_s: float | None = None) -> None:
+    def verify(self, bytes_per_s: float | None = None, stop: Any = None) -> None:
         """Check every byte of the segment's files against the manifest (StoreError),
-        reading at most `bytes_per_s` when given."""
+        reading at most `bytes_per_s` when given; `stop` (an Event) ends it early with
+        ScrubStopped."""
         for name, expected in self.entry.files.items():
-            mf.verify_file(self.directory, name, expected, bytes_per_s)
+            mf.verify_file(self.directory, name, expected, bytes_per_s, stop)
 
     # -- state -----------------------------------------------------------------------
 

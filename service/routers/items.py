@@ -21,6 +21,7 @@ from pydantic import AfterValidator
 
 from index.images import open_image
 from index.store import KeyExistsError, StoreError
+from index.store.errors import DamagedIndexError
 from index.store.journal import JournalWriteError
 
 from ..deps import ReadAccess, ServiceDep, WriteAccess
@@ -159,7 +160,7 @@ def _store_error(exc: StoreError, key: str) -> ApiError:
         return ApiError(
             409, "key_exists", f"an item with key {key!r} exists; send replace=true to overwrite it"
         )
-    if isinstance(exc, JournalWriteError):  # a full or failing disk: nothing was stored
+    if isinstance(exc, JournalWriteError | DamagedIndexError):  # nothing was stored
         return ApiError(503, "storage_unavailable", str(exc))
     return ApiError(409, "index_refused", str(exc))  # e.g. an IVF index not trained yet
 
