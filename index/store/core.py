@@ -43,9 +43,10 @@ Segment = SealedSegment | MemorySegment
 class IndexStore:
     """A persistent, verified FAISS index with item metadata, in segments.
 
-    Thread-safe: one lock serialises mutations and searches (held only for memory
-    work); saves and merges write their files outside it, so searches and adds go
-    on while a checkpoint or a merge runs.
+    Thread-safe: one lock serialises mutations and searches; saves and merges write
+    their segment files outside it (they take it for the freeze and the commit: a
+    manifest write and an fsync), so searches and adds go on while a checkpoint or a
+    merge runs. A journalled mutation holds it for its journal fsync.
     """
 
     def __init__(

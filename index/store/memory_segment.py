@@ -88,13 +88,6 @@ class MemorySegment:
             self.retire_rows(ids)
             self.retire_vectors(ids)
 
-    def rebuild(self) -> None:
-        """Rebuild FAISS from the live vectors, dropping tombstones."""
-        with self.items.transaction():
-            self.vectors.rebuild(self.items.live_vectors(self.vectors.cpu.d))
-            self.items.purge_deleted()
-            self.tombstones.clear()
-
     # -- reads -----------------------------------------------------------------------
 
     def live_ids(self, keys: Sequence[str]) -> dict[str, int]:
