@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .cli_bench import add_bench_command
+from .cli_common import add_runtime_options, embedder_from_args
 from .datasets import DatasetError
 from .images import ImageDecodeError
 from .model_metadata import ModelMetadataError
@@ -25,12 +27,6 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     OSError,  # unreadable or unwritable paths the user named
     ValueError,
 )
-
-
-def _embedder(model: Path, args: argparse.Namespace):
-    from .embedder import Embedder
-
-    return Embedder(model, device=args.device, batch_size=args.batch_size)
 
 
 def _open_index(index: Path, override: str | None):
@@ -78,7 +74,7 @@ def _build(args: argparse.Namespace) -> int:
         model = Path(args.model)
     else:
         store, model = _open_index(out, None)
-    embedder = _embedder(model, args)
+    embedder = embedder_from_args(model, args)
     report = build_index(
         items,
         out,
@@ -179,7 +175,7 @@ def _embed(args: argparse.Namespace) -> int:
     report = embed_to_folder(
         items,
         out,
-        _embedder(Path(args.model), args),
+        embedder_from_args(Path(args.model), args),
         part_size=args.part_size,
         source=str(args.images),
     )
@@ -341,7 +337,7 @@ def _search(args: argparse.Namespace) -> int:
         raise ValueError("-k must be at least 1")
     store, model = _open_index(Path(args.index), args.model)
     # the embedder's own decoding, exactly as `build` decoded the catalogue
-    embedded = _embedder(model, args).embed_sources(args.images)
+    embedded = embedder_from_args(model, args).embed_sources(args.images)
     if embedded.errors:
         raise ImageDecodeError(embedded.errors[0][1])
     results = store.search(embedded.embeddings, args.k, label=args.label)
@@ -362,149 +358,6 @@ def _search(args: argparse.Namespace) -> int:
         print(f"  {'rank':>4}  {'score':>7}  {'label':<16}  key")
         for rank, hit in enumerate(hits, 1):
             print(f"  {rank:>4}  {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
-    return 0
-
-
-def _bench_embedder(args: argparse.Namespace):
-    """The benchmark's embedder, once the options that would otherwise fail only after
-    every image is embedded (--ks, --out, --factory) are checked."""
-    if args.ks and min(args.ks) < 1:
-        raise DatasetError(f"--ks must all be >= 1, got {' '.join(map(str, args.ks))}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise DatasetError(f"--out {out} is a file; the report needs a folder")
-    embedder = _embedder(Path(args.model), args)
-    if args.factory:
-        from .store.vectors import build_index
-
-        build_index(embedder.dim, args.factory)  # StoreError names the problem
-    return embedder
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from .benchmark import DEFAULT_KS, SOP_KS, format_table, run_benchmark, write_report
-    from .datasets import load_dataset
-
-    if args.copy_detection is not None:
-        return _bench_copy_detection(args)
-    if args.queries_per_image is not None or args.distractors:
-        raise DatasetError("--queries-per-image and --distractors apply to --copy-detection only")
-    if args.gallery:
-        sources = [path for path in (args.gallery, args.queries) if path]
-        if args.labels_from_folders and all(_is_csv(path) for path in sources):
-            raise DatasetError("--labels-from-folders applies to folders; a CSV carries its labels")
-        gallery = _labelled_sources(args.gallery, args.labels_from_folders, "--gallery")
-        queries = None
-        if args.queries:
-            queries = _labelled_sources(args.queries, args.labels_from_folders, "--queries")
-        name = f"{'csv' if _is_csv(args.gallery) else 'folder'}:{args.gallery}"
-    elif args.queries:
-        raise DatasetError("--queries needs --gallery")
-    elif args.labels_from_folders:
-        raise DatasetError("--labels-from-folders applies to --gallery and --queries folders")
-    embedder = _bench_embedder(args)
-    if not args.gallery:
-        # digits are rendered at the model's input size, as training rendered them
-        split = load_dataset(
-            args.dataset or "digits", args.data_root, seed=args.seed, image_size=embedder.input_size
-        )
-        gallery, queries, name = split.test, None, split.name
-    ks = tuple(args.ks) if args.ks else (SOP_KS if args.dataset == "sop" else DEFAULT_KS)
-    report = run_benchmark(embedder, gallery, queries, ks=ks, factory=args.factory, name=name)
-    write_report(report, Path(args.out))
-    print(format_table(report))
-    print(f"report written to {Path(args.out) / 'report.json'}")
-    return 0
-
-
-def _is_csv(path: str) -> bool:
-    return Path(path).suffix.lower() == ".csv"
-
-
-def _labelled_sources(path: str, labels_from_folders: bool, flag: str) -> list:
-    """A folder or CSV read as `build --images` reads it; every image needs a label.
-    `labels_from_folders` applies to a folder (a CSV carries its labels)."""
-    from .sources import read_sources
-
-    items = read_sources(path, labels_from_folders and not _is_csv(path), flag)
-    if not items:
-        raise DatasetError(f"{flag} {path} holds no images")
-    unlabelled = [item.key for item in items if item.label is None]
-    if unlabelled:
-        how = "with a folder per class" if labels_from_folders else "add --labels-from-folders"
-        raise DatasetError(
-            f"{flag} {path}: {len(unlabelled)} of {len(items)} images have no label "
-            f"(e.g. {unlabelled[0]}); the benchmark needs one per image ({how})"
-        )
-    return items
-
-
-def _bench_copy_detection(args: argparse.Namespace) -> int:
-    from .benchmark import DEFAULT_KS, format_table, run_copy_detection, write_report
-    from .copy_detection import DEFAULT_PER_IMAGE, read_photos
-
-    others = {
-        "--gallery": args.gallery,
-        "--queries": args.queries,
-        "--dataset": args.dataset,
-        "--data-root": args.data_root,
-    }
-    clash = [flag for flag, value in others.items() if value is not None]
-    if clash:
-        raise DatasetError(
-            f"--copy-detection cannot be combined with {', '.join(clash)}: "
-            "it makes its own gallery and queries from the photos"
-        )
-    per_image = DEFAULT_PER_IMAGE if args.queries_per_image is None else args.queries_per_image
-    if per_image < 1:
-        raise DatasetError(f"--queries-per-image must be at least 1, got {per_image}")
-    if args.seed < 0:
-        raise DatasetError(f"--seed must be >= 0 for --copy-detection, got {args.seed}")
-    photos = read_photos(args.copy_detection, labels_from_folders=args.labels_from_folders)
-    distractors = []
-    for folder in args.distractors or []:
-        distractors += read_photos(folder, "--distractors")
-    shared = {p.path.resolve() for p in photos} & {d.path.resolve() for d in distractors}
-    if shared:
-        raise DatasetError(
-            f"{len(shared)} distractor file(s) are also photos (e.g. {min(shared)}); "
-            "a distractor must be nobody's original"
-        )
-    embedder = _bench_embedder(args)
-    report = run_copy_detection(
-        embedder,
-        photos,
-        distractors,
-        per_image=per_image,
-        seed=args.seed,
-        ks=tuple(args.ks) if args.ks else DEFAULT_KS,
-        factory=args.factory,
-        name=f"copy-detection:{args.copy_detection}",
-        relevant="label" if args.labels_from_folders else "original",
-    )
-    out = Path(args.out)
-    write_report(report, out)
-    for failure in report["unreadable"][:10]:
-        print(f"  skipped {failure['key']}: {failure['reason']}")
-    if len(report["unreadable"]) > 10:
-        print(f"  ... and {len(report['unreadable']) - 10} more")
-    print(format_table(report))
-    for kind, part in report["by_transform"].items():
-        print(
-            f"  with {kind:<7} recall@1 {part['recall@1']:.4f}  map {part['map']:.4f}  "
-            f"({part['n_queries']} queries)"
-        )
-    siblings = (
-        f" (a photo of the original's folder counts as found; {report['n_labels']} labels)"
-        if args.labels_from_folders
-        else ""
-    )
-    first = f"recall@{min(args.ks or DEFAULT_KS)}"  # --ks may leave 1 out
-    print(
-        f"copy detection: {report['n_queries']} copies of {report['n_originals']} photos "
-        f"against {report['n_gallery']} gallery images: {first} {report[first]:.4f}, "
-        f"map {report['map']:.4f}{siblings}; report written to {out / 'report.json'}"
-    )
     return 0
 
 
@@ -535,11 +388,6 @@ def _optimize(args: argparse.Namespace) -> int:
     report = optimize_model(Path(args.model), Path(args.out))
     print(report.summary())
     return 0
-
-
-def _runtime_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--batch-size", type=int, default=64, help="images per model call")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -578,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="commit every N images (default 2048; with --embeddings every 1,000,000 vectors)",
     )
-    _runtime_options(build)
+    add_runtime_options(build)
     build.set_defaults(handler=_build)
 
     embed = sub.add_parser(
@@ -594,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="images per Parquet part (default 50,000); a re-run keeps the finished parts",
     )
-    _runtime_options(embed)
+    add_runtime_options(embed)
     embed.set_defaults(handler=_embed)
 
     add = sub.add_parser("add", help="add images to an index, with the model it was built with")
@@ -603,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--model", help="must have the index's fingerprint")
     add.add_argument("--labels-from-folders", action="store_true")
     add.add_argument("--save-every", type=int, default=2048)
-    _runtime_options(add)
+    add_runtime_options(add)
     add.set_defaults(handler=_add)
 
     remove = sub.add_parser("remove", help="remove items by key")
@@ -645,57 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--label", help="only return items with this label")
     search.add_argument("--model", help="override the index's model (same fingerprint only)")
     search.add_argument("--json", action="store_true")
-    _runtime_options(search)
+    add_runtime_options(search)
     search.set_defaults(handler=_search)
 
-    bench = sub.add_parser("bench", help="embed, index and evaluate a labelled set")
-    bench.add_argument("--model", required=True)
-    bench.add_argument(
-        "--dataset",
-        help="digits (the default when no other source is given)|cub|cars|sop|folder|csv",
-    )
-    bench.add_argument("--data-root", help="dataset folder or CSV (all but digits)")
-    bench.add_argument(
-        "--gallery", help="gallery folder or CSV (path,label[,key]), read as build reads --images"
-    )
-    bench.add_argument(
-        "--queries", help="query folder or CSV; without it, leave-one-out over the gallery"
-    )
-    bench.add_argument(
-        "--labels-from-folders",
-        action="store_true",
-        help="--gallery/--queries folders: label = top folder name; --copy-detection: "
-        "photos in the original's top folder (other versions of it) count as found too",
-    )
-    bench.add_argument(
-        "--copy-detection",
-        metavar="DIR",
-        help="copy-detection benchmark: every photo below DIR is a gallery item and edited "
-        "copies of it (crop, rotate, resize, colour, JPEG) are its queries",
-    )
-    bench.add_argument(
-        "--queries-per-image",
-        type=int,
-        metavar="N",
-        help="copy detection: edited copies per photo (default 5)",
-    )
-    bench.add_argument(
-        "--distractors",
-        action="append",
-        metavar="DIR",
-        help="copy detection: more gallery photos that are nobody's original (repeatable)",
-    )
-    bench.add_argument("--ks", type=int, nargs="+", help="Recall@K cut-offs")
-    bench.add_argument("--factory", default="Flat", help="FAISS index_factory string")
-    bench.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="split seed (digits, folder, csv); copy seed (--copy-detection)",
-    )
-    bench.add_argument("--out", required=True, help="report folder")
-    _runtime_options(bench)
-    bench.set_defaults(handler=_bench)
+    add_bench_command(sub)
 
     export = sub.add_parser(
         "export-dataset", help="write a dataset split as image files (a folder per class + CSV)"

@@ -1,0 +1,204 @@
+"""`vitrieval-index bench`: the offline benchmark's command (a labelled gallery and
+queries, a dataset, or copy detection on a folder of photos), apart from cli.py."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .cli_common import add_runtime_options, embedder_from_args
+from .datasets import DatasetError
+
+
+def add_bench_command(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="embed, index and evaluate a labelled set")
+    bench.add_argument("--model", required=True)
+    bench.add_argument(
+        "--dataset",
+        help="digits (the default when no other source is given)|cub|cars|sop|folder|csv",
+    )
+    bench.add_argument("--data-root", help="dataset folder or CSV (all but digits)")
+    bench.add_argument(
+        "--gallery", help="gallery folder or CSV (path,label[,key]), read as build reads --images"
+    )
+    bench.add_argument(
+        "--queries", help="query folder or CSV; without it, leave-one-out over the gallery"
+    )
+    bench.add_argument(
+        "--labels-from-folders",
+        action="store_true",
+        help="--gallery/--queries folders: label = top folder name; --copy-detection: "
+        "photos in the original's top folder (other versions of it) count as found too",
+    )
+    bench.add_argument(
+        "--copy-detection",
+        metavar="DIR",
+        help="copy-detection benchmark: every photo below DIR is a gallery item and edited "
+        "copies of it (crop, rotate, resize, colour, JPEG) are its queries",
+    )
+    bench.add_argument(
+        "--queries-per-image",
+        type=int,
+        metavar="N",
+        help="copy detection: edited copies per photo (default 5)",
+    )
+    bench.add_argument(
+        "--distractors",
+        action="append",
+        metavar="DIR",
+        help="copy detection: more gallery photos that are nobody's original (repeatable)",
+    )
+    bench.add_argument("--ks", type=int, nargs="+", help="Recall@K cut-offs")
+    bench.add_argument("--factory", default="Flat", help="FAISS index_factory string")
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="split seed (digits, folder, csv); copy seed (--copy-detection)",
+    )
+    bench.add_argument("--out", required=True, help="report folder")
+    add_runtime_options(bench)
+    bench.set_defaults(handler=_bench)
+
+
+def _bench_embedder(args: argparse.Namespace):
+    """The benchmark's embedder, once the options that would otherwise fail only after
+    every image is embedded (--ks, --out, --factory) are checked."""
+    if args.ks and min(args.ks) < 1:
+        raise DatasetError(f"--ks must all be >= 1, got {' '.join(map(str, args.ks))}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"--out {out} is a file; the report needs a folder")
+    embedder = embedder_from_args(Path(args.model), args)
+    if args.factory:
+        from .store.vectors import build_index
+
+        build_index(embedder.dim, args.factory)  # StoreError names the problem
+    return embedder
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .benchmark import DEFAULT_KS, SOP_KS, format_table, run_benchmark, write_report
+    from .datasets import load_dataset
+
+    if args.copy_detection is not None:
+        return _bench_copy_detection(args)
+    if args.queries_per_image is not None or args.distractors:
+        raise DatasetError("--queries-per-image and --distractors apply to --copy-detection only")
+    if args.gallery:
+        sources = [path for path in (args.gallery, args.queries) if path]
+        if args.labels_from_folders and all(_is_csv(path) for path in sources):
+            raise DatasetError("--labels-from-folders applies to folders; a CSV carries its labels")
+        gallery = _labelled_sources(args.gallery, args.labels_from_folders, "--gallery")
+        queries = None
+        if args.queries:
+            queries = _labelled_sources(args.queries, args.labels_from_folders, "--queries")
+        name = f"{'csv' if _is_csv(args.gallery) else 'folder'}:{args.gallery}"
+    elif args.queries:
+        raise DatasetError("--queries needs --gallery")
+    elif args.labels_from_folders:
+        raise DatasetError("--labels-from-folders applies to --gallery and --queries folders")
+    embedder = _bench_embedder(args)
+    if not args.gallery:
+        # digits are rendered at the model's input size, as training rendered them
+        split = load_dataset(
+            args.dataset or "digits", args.data_root, seed=args.seed, image_size=embedder.input_size
+        )
+        gallery, queries, name = split.test, None, split.name
+    ks = tuple(args.ks) if args.ks else (SOP_KS if args.dataset == "sop" else DEFAULT_KS)
+    report = run_benchmark(embedder, gallery, queries, ks=ks, factory=args.factory, name=name)
+    write_report(report, Path(args.out))
+    print(format_table(report))
+    print(f"report written to {Path(args.out) / 'report.json'}")
+    return 0
+
+
+def _is_csv(path: str) -> bool:
+    return Path(path).suffix.lower() == ".csv"
+
+
+def _labelled_sources(path: str, labels_from_folders: bool, flag: str) -> list:
+    """A folder or CSV read as `build --images` reads it; every image needs a label.
+    `labels_from_folders` applies to a folder (a CSV carries its labels)."""
+    from .sources import read_sources
+
+    items = read_sources(path, labels_from_folders and not _is_csv(path), flag)
+    if not items:
+        raise DatasetError(f"{flag} {path} holds no images")
+    unlabelled = [item.key for item in items if item.label is None]
+    if unlabelled:
+        how = "with a folder per class" if labels_from_folders else "add --labels-from-folders"
+        raise DatasetError(
+            f"{flag} {path}: {len(unlabelled)} of {len(items)} images have no label "
+            f"(e.g. {unlabelled[0]}); the benchmark needs one per image ({how})"
+        )
+    return items
+
+
+def _bench_copy_detection(args: argparse.Namespace) -> int:
+    from .benchmark import DEFAULT_KS, format_table, run_copy_detection, write_report
+    from .copy_detection import DEFAULT_PER_IMAGE, read_photos
+
+    others = {
+        "--gallery": args.gallery,
+        "--queries": args.queries,
+        "--dataset": args.dataset,
+        "--data-root": args.data_root,
+    }
+    clash = [flag for flag, value in others.items() if value is not None]
+    if clash:
+        raise DatasetError(
+            f"--copy-detection cannot be combined with {', '.join(clash)}: "
+            "it makes its own gallery and queries from the photos"
+        )
+    per_image = DEFAULT_PER_IMAGE if args.queries_per_image is None else args.queries_per_image
+    if per_image < 1:
+        raise DatasetError(f"--queries-per-image must be at least 1, got {per_image}")
+    if args.seed < 0:
+        raise DatasetError(f"--seed must be >= 0 for --copy-detection, got {args.seed}")
+    photos = read_photos(args.copy_detection, labels_from_folders=args.labels_from_folders)
+    distractors = []
+    for folder in args.distractors or []:
+        distractors += read_photos(folder, "--distractors")
+    shared = {p.path.resolve() for p in photos} & {d.path.resolve() for d in distractors}
+    if shared:
+        raise DatasetError(
+            f"{len(shared)} distractor file(s) are also photos (e.g. {min(shared)}); "
+            "a distractor must be nobody's original"
+        )
+    embedder = _bench_embedder(args)
+    report = run_copy_detection(
+        embedder,
+        photos,
+        distractors,
+        per_image=per_image,
+        seed=args.seed,
+        ks=tuple(args.ks) if args.ks else DEFAULT_KS,
+        factory=args.factory,
+        name=f"copy-detection:{args.copy_detection}",
+        relevant="label" if args.labels_from_folders else "original",
+    )
+    out = Path(args.out)
+    write_report(report, out)
+    for failure in report["unreadable"][:10]:
+        print(f"  skipped {failure['key']}: {failure['reason']}")
+    if len(report["unreadable"]) > 10:
+        print(f"  ... and {len(report['unreadable']) - 10} more")
+    print(format_table(report))
+    for kind, part in report["by_transform"].items():
+        print(
+            f"  with {kind:<7} recall@1 {part['recall@1']:.4f}  map {part['map']:.4f}  "
+            f"({part['n_queries']} queries)"
+        )
+    siblings = (
+        f" (a photo of the original's folder counts as found; {report['n_labels']} labels)"
+        if args.labels_from_folders
+        else ""
+    )
+    first = f"recall@{min(args.ks or DEFAULT_KS)}"  # --ks may leave 1 out
+    print(
+        f"copy detection: {report['n_queries']} copies of {report['n_originals']} photos "
+        f"against {report['n_gallery']} gallery images: {first} {report[first]:.4f}, "
+        f"map {report['map']:.4f}{siblings}; report written to {out / 'report.json'}"
+    )
+    return 0
