@@ -518,16 +518,27 @@ elif phase == "index":
         client.create_index(name, ip)
         client.load_collection(name)
         return time.perf_counter() - t0
-    out["index_type"] = args["index_type"]
-    try:
-        out["index_s"] = build(args["index_type"], args["params"])
-    except Exception as exc:
-        if args.get("fallback") is None:
-            raise
-        out["refused"] = str(exc).splitlines()[0][:300]
-        drop()
-        out["index_type"] = args["fallback"]
-        out["index_s"] = build(args["fallback"], args["fallback_params"])
+    out["index_type"] = kind = args["index_type"]
+    if args.get("fallback"):  # try the index on a small side collection first
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.INT64, is_primary=True)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=args["dim"])
+        client.create_collection("probe", schema=schema)
+        sample = np.load(args["vectors"], mmap_mode="r")[:20000]
+        client.insert("probe", [{"id": i, "vector": v} for i, v in enumerate(sample)])
+        client.flush("probe")
+        ip = client.prepare_index_params()
+        ip.add_index(field_name="vector", index_type=kind, metric_type="IP", params=args["params"])
+        ip[0]._configs["params"] = args["params"]
+        try:
+            client.create_index("probe", ip)
+            client.load_collection("probe")
+        except Exception as exc:
+            out["refused"] = str(exc).splitlines()[0][:300]
+            out["index_type"] = kind = args["fallback"]
+            args["params"] = args["fallback_params"]
+        client.drop_collection("probe")
+    out["index_s"] = build(kind, args["params"])
 elif phase == "serve":
     before = mem()[0]
     t0 = time.perf_counter()
@@ -606,7 +617,8 @@ def bench_milvus_factory(
     extra: dict[str, Any] = {}
     if kind == "IVF_PQ":  # the closest compressed IVF index where IVF_PQ is not available
         extra = {"fallback": "IVF_SQ8", "fallback_params": {"nlist": params["nlist"]}}
-    built = milvus_child(python, phase="index", db=str(db), index_type=kind, params=params, **extra)
+    built = milvus_child(python, phase="index", db=str(db), index_type=kind, params=params,
+                         vectors=str(work / "vectors.npy"), dim=D, **extra)  # fmt: skip
     search = {"nprobe": nprobe} if kind != "FLAT" else {}
     queries = str(work / "queries.npy")
     served = milvus_child(
