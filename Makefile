@@ -16,7 +16,7 @@ SERVE_VENV ?= .venv-serve
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -c constraints.txt -e '.[train,serve,dev]'
+	$(BIN)/python -m pip install -c constraints.txt -e '.[train,serve,dev,distributed]'
 	touch $@
 
 install: $(VENV)/.installed
