@@ -14,6 +14,11 @@ loses at most one part). The inputs are checked first: if a finished part's rang
 the list now holds other keys or labels, or the model or `--part-size` differ, the
 run stops with one line before anything is written. `complete` turns true when every
 part is done; until then `build --embeddings` refuses the folder.
+
+`start_job` and `EmbedJob` hold that bookkeeping for every runner: `embed_to_folder`
+embeds the parts in order in this process; `distributed.embed` embeds them on a Ray
+cluster, several at once, and commits each as it finishes (a kill there loses the
+parts in flight).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import hashlib
 import io
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +103,142 @@ def embed_to_folder(
     progress: bool = True,
 ) -> EmbedReport:
     """Embed `items` into the embeddings folder `out`, resuming a run that stopped."""
+    job = start_job(items, out, embedder, part_size=part_size, source=source)
+    bar = job.progress_bar(progress)
+    try:
+        for number in job.todo:
+            start, stop = job.ranges[number]
+            part = embed_part(embedder, items[start:stop], part_name(number), on_batch=bar.update)
+            part.write(job.out / part_name(number))
+            job.commit(number, part.rows, part.failed)
+    finally:
+        bar.close()
+    return job.finish()
+
+
+@dataclass
+class EmbeddedPart:
+    """One part's rows (the readable inputs, in list order) and its unreadable inputs."""
+
+    keys: list[str]
+    labels: list[str | None]
+    paths: list[str | None]
+    embeddings: np.ndarray
+    failed: list[dict]  # rows of errors.csv
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys)
+
+    def write(self, target: Path) -> None:
+        """The part file, written atomically."""
+        write_part(target, self.keys, self.embeddings, labels=self.labels, paths=self.paths)
+
+
+def embed_part(
+    embedder: Embedder,
+    chunk: Sequence[Item],
+    name: str,
+    *,
+    read: Sequence[Item] | None = None,
+    on_batch: Callable[[int], object] | None = None,
+) -> EmbeddedPart:
+    """Embed the inputs of part `name`. `read`, when given, holds the same inputs at the
+    same positions with the paths to open (absolute ones, on another machine); the part
+    records `chunk`'s. `on_batch` is called with the inputs each model batch finished."""
+    keys: list[str] = []
+    labels: list[str | None] = []
+    paths: list[str | None] = []
+    vectors: list[np.ndarray] = []
+    failed: list[dict] = []
+    for result in embedder.iter_items(chunk if read is None else read):
+        if on_batch is not None:
+            on_batch(len(result.indices) + len(result.errors))
+        for position in result.indices:
+            item = chunk[position]
+            keys.append(item.key)
+            labels.append(item.label)
+            paths.append(str(item.path) if item.path else None)
+        vectors.append(result.embeddings)
+        for position, reason in result.errors:
+            item = chunk[position]
+            failed.append(
+                {"path": str(item.path or ""), "reason": reason, "key": item.key, "part": name}
+            )
+    matrix = np.concatenate(vectors) if vectors else np.zeros((0, embedder.dim), np.float32)
+    return EmbeddedPart(keys, labels, paths, matrix, failed)
+
+
+@dataclass
+class EmbedJob:
+    """An embed under way: what every runner (this process, or actors on a Ray cluster,
+    see distributed/embed.py) shares. `todo` lists the part numbers left to embed; each
+    part, once its file is written, is recorded with `commit` (in any order), and
+    `finish` marks the folder complete."""
+
+    out: Path
+    items: Sequence[Item]
+    meta: dict
+    ranges: list[tuple[int, int]]
+    done: dict[str, dict]
+    todo: list[int]
+    errors: list[dict]
+    report: EmbedReport
+    started: float
+
+    def progress_bar(self, progress: bool = True) -> tqdm:
+        """One bar for the whole list, on a terminal only (a batch job's log gets the
+        summary), already advanced by the parts done before."""
+        bar = tqdm(total=len(self.items), unit="img", disable=None if progress else True)
+        bar.update(sum(entry["stop"] - entry["start"] for entry in self.done.values()))
+        return bar
+
+    def commit(self, number: int, rows: int, failed: list[dict]) -> None:
+        """Record part `number`, whose file holds `rows` rows: its unreadable inputs go
+        to errors.csv, then embeddings.json (the commit point) is replaced."""
+        name = part_name(number)
+        start, stop = self.ranges[number]
+        # sorted by part (stably: each part's rows stay in list order), whatever order
+        # the parts finish in
+        errors = [row for row in self.errors if row["part"] != name] + failed
+        self.errors = sorted(errors, key=lambda row: row["part"])
+        _write_errors(self.out, self.errors)
+        self.done[name] = {
+            "file": name,
+            "start": start,
+            "stop": stop,
+            "inputs_sha256": inputs_checksum(self.items[start:stop]),
+            "rows": rows,
+            "unreadable": len(failed),
+        }
+        _record(self.meta, self.done)
+        write_meta(self.out, self.meta)  # the commit point of this part
+        self.report.embedded += rows
+        self.report.failed += failed
+
+    def finish(self) -> EmbedReport:
+        """Mark the folder complete, remove what stopped runs left, and report."""
+        self.meta["complete"] = True
+        _record(self.meta, self.done)
+        write_meta(self.out, self.meta)
+        _remove_leftovers(self.out, self.done)
+        self.report.count = self.meta["count"]
+        self.report.unreadable = self.meta["unreadable"]
+        self.report.seconds = time.perf_counter() - self.started
+        return self.report
+
+
+def start_job(
+    items: Sequence[Item],
+    out: Path,
+    embedder: Embedder,
+    *,
+    part_size: int | None = None,
+    source: str | None = None,
+) -> EmbedJob:
+    """Open (or create) the folder `out` for embedding `items` with `embedder`: checked
+    against a previous run (model, part size, the inputs of its finished parts) before
+    anything is written, with the parts left to do."""
     started = time.perf_counter()
     out = Path(out)
     if part_size is not None and part_size < 1:
@@ -108,79 +249,12 @@ def embed_to_folder(
     done = _check_done(out, meta, items, ranges)
     meta["inputs"] = len(items)
     report = EmbedReport(inputs=len(items), parts=len(ranges))
-    errors = _read_errors(out)
-    skip = {name for name in done if (out / name).is_file()}
-    # one bar for the whole list, on a terminal only (a batch job's log gets the summary)
-    bar = tqdm(total=len(items), unit="img", disable=None if progress else True)
-    bar.update(sum(done[name]["stop"] - done[name]["start"] for name in skip))
-    try:
-        _embed_parts(out, items, ranges, embedder, meta, done, skip, errors, report, bar)
-    finally:
-        bar.close()
-    meta["complete"] = True
-    _record(meta, done)
-    write_meta(out, meta)
-    _remove_leftovers(out, done)
-    report.count = meta["count"]
-    report.unreadable = meta["unreadable"]
-    report.seconds = time.perf_counter() - started
-    return report
-
-
-def _embed_parts(
-    out: Path,
-    items: Sequence[Item],
-    ranges: list[tuple[int, int]],
-    embedder: Embedder,
-    meta: dict,
-    done: dict[str, dict],
-    skip: set[str],
-    errors: list[dict],
-    report: EmbedReport,
-    bar: tqdm,
-) -> None:
-    """Embed and commit every part not in `skip`, in order."""
-    for number, (start, stop) in enumerate(ranges):
-        name = part_name(number)
-        if name in skip:
-            report.parts_done_before += 1
-            report.rows_done_before += done[name]["rows"]
-            continue
-        chunk = items[start:stop]
-        keys: list[str] = []
-        labels: list[str | None] = []
-        paths: list[str | None] = []
-        vectors: list[np.ndarray] = []
-        failed: list[dict] = []
-        for result in embedder.iter_items(chunk):
-            bar.update(len(result.indices) + len(result.errors))
-            for position in result.indices:
-                item = chunk[position]
-                keys.append(item.key)
-                labels.append(item.label)
-                paths.append(str(item.path) if item.path else None)
-            vectors.append(result.embeddings)
-            for position, reason in result.errors:
-                item = chunk[position]
-                failed.append(
-                    {"path": str(item.path or ""), "reason": reason, "key": item.key, "part": name}
-                )
-        matrix = np.concatenate(vectors) if vectors else np.zeros((0, embedder.dim), np.float32)
-        write_part(out / name, keys, matrix, labels=labels, paths=paths)
-        errors = [row for row in errors if row["part"] != name] + failed
-        _write_errors(out, errors)
-        done[name] = {
-            "file": name,
-            "start": start,
-            "stop": stop,
-            "inputs_sha256": inputs_checksum(chunk),
-            "rows": len(keys),
-            "unreadable": len(failed),
-        }
-        _record(meta, done)
-        write_meta(out, meta)  # the commit point of this part
-        report.embedded += len(keys)
-        report.failed += failed
+    # a recorded part whose file is gone is embedded again
+    done = {name: entry for name, entry in done.items() if (out / name).is_file()}
+    report.parts_done_before = len(done)
+    report.rows_done_before = sum(entry["rows"] for entry in done.values())
+    todo = [number for number in range(len(ranges)) if part_name(number) not in done]
+    return EmbedJob(out, items, meta, ranges, done, todo, _read_errors(out), report, started)
 
 
 def _start(out: Path, embedder: Embedder, part_size: int | None, source: str | None) -> dict:
