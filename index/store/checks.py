@@ -79,3 +79,17 @@ def check_keys(keys: Sequence[str]) -> list[str]:
         dup = next(key for key in keys if key in seen or seen.add(key))
         raise StoreError(f"duplicate key {dup!r} within one add() call")
     return keys
+
+
+def check_ids(ids: Any, n: int, next_id: int) -> np.ndarray:
+    """Item ids for n new items: `ids` when given (n increasing integers, the first at
+    least `next_id`), otherwise next_id, next_id + 1, ..."""
+    if ids is None:
+        return np.arange(next_id, next_id + n, dtype=np.int64)
+    x = np.asarray(ids)
+    if x.shape != (n,) or (n and not np.issubdtype(x.dtype, np.integer)):
+        raise StoreError(f"ids must be {n} integers, got shape {x.shape} of {x.dtype}")
+    x = x.astype(np.int64)
+    if n and (x[0] < next_id or (np.diff(x) <= 0).any()):
+        raise StoreError(f"ids must increase and start at {next_id} or later")
+    return x

@@ -21,7 +21,14 @@ import faiss
 import numpy as np
 
 from . import manifest as mf
-from .checks import as_matrix, check_keys, check_unit, metadata_column, text_column
+from .checks import (
+    as_matrix,
+    check_ids,
+    check_keys,
+    check_unit,
+    metadata_column,
+    text_column,
+)
 from .errors import DamagedIndexError, KeyExistsError, ScrubStopped, StoreError
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import Journal, JournalOwner
@@ -30,8 +37,9 @@ from .memory_segment import MemorySegment, hit
 from .merge import TOMBSTONE_FRACTION, pick_merge
 from .persist import merge as merge_segments
 from .persist import save as save_store
+from .report import store_info
 from .segment import SealedSegment
-from .vectors import VectorIndex, build_index, check_gpu_mode
+from .vectors import VectorIndex, build_index, check_gpu_mode, start_template
 
 logger = logging.getLogger(__name__)
 
@@ -108,12 +116,15 @@ class IndexStore:
         model_path: Path | None = None,
         overwrite: bool = False,
         gpu: str = "auto",
+        quantizer: bytes | None = None,
     ) -> IndexStore:
         """A new, empty store for `dim`-d vectors; nothing is written until save().
 
         model_path: an exported model whose copy the directory keeps; its fingerprint
         must equal `fingerprint` (when given) and its embedding_dim must equal `dim`.
         overwrite: allow a non-empty directory; its old index is replaced at save().
+        quantizer: a trained, empty index of `factory` (faiss.serialize_index bytes) to
+        start from instead of training: the shards of one index share one quantizer.
         """
         directory = Path(directory)
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
@@ -130,12 +141,13 @@ class IndexStore:
             directory,
             factory=factory,
             dim=dim,
-            template=build_index(dim, factory),
+            template=start_template(dim, factory, quantizer),
             gpu=gpu,
             model=mf.ModelEntry(fingerprint) if fingerprint is not None else None,
             committed=None,
         )
         store._model_source = source
+        store._quantizer_dirty = quantizer is not None
         store._base_generation = mf.committed_generation(directory) if directory.is_dir() else None
         if store._base_generation is not None:
             # never write over a file of the index this one replaces before the commit
@@ -277,6 +289,16 @@ class IndexStore:
         return [keys[i] for i in order], [labels[i] for i in order], vectors[order]
 
     @property
+    def next_id(self) -> int:
+        """The id the next added item gets (ids increase with every add)."""
+        return self._next_id
+
+    def item_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        """key -> item id of the live `keys` (ids order equal scores in search)."""
+        with self._lock:
+            return {key: i for _, found in self._locate(list(keys)) for key, i in found.items()}
+
+    @property
     def journal_pending(self) -> int:
         """Mutations in the journal that no save has committed yet."""
         # no lock: /metrics and the checkpoint poll read this while a save holds it
@@ -297,12 +319,14 @@ class IndexStore:
         paths: Sequence[str | os.PathLike[str] | None] | None = None,
         metadata: Sequence[dict | None] | None = None,
         replace: bool = False,
+        ids: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         """Add items: keys (n,), vectors float32 (n, dim) with unit L2 norm.
 
         A key already present is an error unless replace=True, which removes the old
         item first. Item ids are assigned in increasing order, so ties in search follow
-        insertion order.
+        insertion order; `ids` gives them instead (increasing, from `next_id` on: a
+        sharded index numbers its items across shards, so ties order as in one store).
         """
         keys = check_keys(keys)
         x = as_matrix(vectors, self.dim, "vectors")
@@ -329,7 +353,7 @@ class IndexStore:
                     f"{count} key(s) already in the index, e.g. {first!r}; "
                     "pass replace=True to overwrite them"
                 )
-            ids = np.arange(self._next_id, self._next_id + len(keys), dtype=np.int64)
+            ids = check_ids(ids, len(keys), self._next_id)
             rows = [
                 Row(int(i), k, lab, p, m, v)
                 for i, k, lab, p, m, v in zip(ids, keys, labels_, paths_, metadata_, x, strict=True)
@@ -349,7 +373,7 @@ class IndexStore:
                 for segment, found in existing:
                     if segment is not growing:
                         segment.retire(np.fromiter(found.values(), dtype=np.int64))
-            self._next_id += len(keys)
+            self._next_id = int(ids[-1]) + 1
             self._dirty = True
 
     def remove(self, keys: Sequence[str]) -> int:
@@ -455,6 +479,18 @@ class IndexStore:
         index holding every item would rank them. A query gets fewer than k hits when
         fewer items match.
         """
+        found = self.ranked_search(queries, k, label=label, exclude_keys=exclude_keys)
+        return [[h for _, h in row] for row in found]
+
+    def ranked_search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None = None,
+        exclude_keys: Sequence[str] = (),
+    ) -> list[list[tuple[int, Hit]]]:
+        """`search`, each hit with its item id (what orders equal scores)."""
         if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
             raise StoreError(f"k must be an integer >= 1, got {k!r}")
         q = as_matrix(queries, self.dim, "queries")
@@ -478,7 +514,7 @@ class IndexStore:
                 described: dict[int, Any] = {}
                 for segment in {id(s): s for _, _, s in top}.values():
                     described.update(segment.describe([i for _, i, s in top if s is segment]))
-                results.append([hit(described[i], score) for score, i, _ in top])
+                results.append([(i, hit(described[i], score)) for score, i, _ in top])
         return results
 
     # -- persistence (saving, merging: persist.py) --------------------------------------
@@ -566,44 +602,7 @@ class IndexStore:
 
     def info(self) -> dict[str, Any]:
         """A manifest-like summary of the store as it is in memory now, plus disk usage."""
-        with self._lock:
-            committed = self._committed
-            files = committed.listed_files() if committed else {}
-            if committed and committed.model and committed.model.checksum:
-                files[committed.model.file] = committed.model.checksum
-            segments = [
-                {
-                    "number": s.number,
-                    "rows": s.ntotal,
-                    "live": s.live_count,
-                    "deleted": len(s.tombstones),
-                    **({"damaged": s.damaged} if s.damaged else {}),
-                }
-                for s in self._sealed
-            ]
-            return {
-                "directory": str(self.directory),
-                "format_version": self.format_version,
-                "generation": committed.generation if committed else None,
-                "count": len(self),
-                "deleted": sum(len(s.tombstones) for s in self._segments()),
-                "factory": self.factory,
-                "dim": self.dim,
-                "metric": mf.METRIC,
-                "fingerprint": self.fingerprint,
-                "model_file": str(self.model_path) if self.model_path else None,
-                "trained": self._template.is_trained,
-                "search_params": self.search_params(),
-                "gpu": self._growing.vectors.gpu_in_use,
-                "segments": segments,
-                "growing": self._growing.live_count + sum(s.live_count for s in self._sealing),
-                "bytes_on_disk": sum(entry.bytes for entry in files.values()),
-                "files": {name: entry.to_json() for name, entry in files.items()},
-                "unsaved_changes": self._dirty or self._model_source is not None,
-                "journal_pending": self.journal_pending,
-                "created": self._created,
-                "updated": committed.updated if committed else None,
-            }
+        return store_info(self)
 
     def close(self) -> None:
         """Release files and connections (unsaved changes are lost)."""

@@ -107,6 +107,18 @@ def build_index(dim: int, factory: str) -> faiss.Index:
     return _wrap(index)
 
 
+def start_template(dim: int, factory: str, data: bytes | None = None) -> faiss.Index:
+    """The empty index a new store's segments start from: a fresh one, or the trained
+    one serialised in `data` (faiss.serialize_index bytes), checked to be `factory`'s."""
+    if data is None:
+        return build_index(dim, factory)
+    index = VectorIndex.from_bytes(data, Path(f"the {factory} quantizer"), dim, "cpu").cpu
+    expected = build_index(dim, factory)
+    if type(index) is not type(expected) or not index.is_trained or index.ntotal:
+        raise StoreError(f"the quantizer given is not a trained, empty {factory!r} index")
+    return index
+
+
 def _gpu_count() -> int:
     getter = getattr(faiss, "get_num_gpus", None)
     return int(getter()) if getter else 0

@@ -1,0 +1,420 @@
+"""ShardedStore: N index stores behind one IndexStore-like object, and `open_index`.
+
+Every key lives in the shard the rule of layout.py gives it, so a lookup, an add or a
+remove goes to one shard; a search asks every shard for its top k and merges them.
+Item ids are numbered across the shards (each add takes the next ids of the whole
+index), so equal scores are ordered by id, insertion order, exactly as in one store:
+a Flat sharded index answers with the same keys, order and scores as one store
+holding the same items added in the same order. Each shard keeps its own journal,
+locks, segments and merges; the sharded store adds no file of its own after the build.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..store import Hit, IndexStore, ItemRecord, KeyExistsError, StoreError
+from ..store import manifest as mf
+from ..store.checks import as_matrix, check_keys, check_unit, metadata_column, text_column
+from ..store.errors import DamagedIndexError
+from .layout import (
+    PLAN_FILE,
+    RULE,
+    SHARDS_FILE,
+    VERSION,
+    ShardsManifest,
+    is_sharded,
+    read_shards_manifest,
+    shard_of,
+    split_by_shard,
+)
+
+
+class ShardedStore:
+    """A sharded index directory (layout.py), opened: the IndexStore methods the
+    command line and the service use, each routed to the owning shard or fanned out."""
+
+    def __init__(self, directory: Path, manifest: ShardsManifest, shards: list[IndexStore]):
+        self.directory = directory
+        self.manifest = manifest
+        self.shards = shards
+        self.dim = manifest.dim
+        self.factory = manifest.factory
+        # a mutation numbers its items and routes them under this lock, so ids increase
+        # in the order the adds happen; reads that map keys to ids take it too
+        self._lock = threading.RLock()
+        self._next_id = max(s.next_id for s in shards)
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        fingerprint: str | None = None,
+        dim: int | None = None,
+        gpu: str = "auto",
+        journal: bool = False,
+        verify: bool = False,
+    ) -> ShardedStore:
+        """Open every shard of `directory` (the arguments as for `IndexStore.open`, given
+        to each shard; shard 0 verifies the model copy in full, as any store does)."""
+        directory = Path(directory)
+        manifest = read_shards_manifest(directory)
+        if dim is not None and dim != manifest.dim:
+            raise StoreError(
+                f"{directory} holds {manifest.dim}-d vectors, but {dim}-d were expected"
+            )
+        if fingerprint is not None and fingerprint != manifest.fingerprint:
+            raise StoreError(
+                f"{directory} was built with model fingerprint {manifest.fingerprint}, not "
+                f"{fingerprint}: rebuild the index with this model (into a new folder), or "
+                "use the model it was built with (shard 0 keeps a copy)"
+            )
+        shards: list[IndexStore] = []
+        try:
+            for name in manifest.shards:
+                shard = IndexStore.open(
+                    directory / name,
+                    fingerprint=manifest.fingerprint,
+                    dim=manifest.dim,
+                    gpu=gpu,
+                    journal=journal,
+                    verify=verify,
+                )
+                shards.append(shard)
+                if shard.factory != manifest.factory:
+                    raise StoreError(
+                        f"{directory / name} has factory {shard.factory!r}, but "
+                        f"{directory / SHARDS_FILE} says {manifest.factory!r}"
+                    )
+        except BaseException:
+            for shard in shards:
+                shard.close()
+            raise
+        return cls(directory, manifest, shards)
+
+    # -- attributes and small queries ---------------------------------------------------
+
+    def _owner(self, key: str) -> IndexStore:
+        return self.shards[shard_of(key, len(self.shards))]
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.manifest.fingerprint
+
+    @property
+    def model_path(self) -> Path | None:
+        """The index's one model copy, kept by shard 0."""
+        return self.shards[0].model_path
+
+    @property
+    def format_version(self) -> int:
+        return mf.FORMAT_VERSION
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    @property
+    def journal_pending(self) -> int:
+        """Journalled mutations no save has committed, over every shard (lock-free)."""
+        return sum(s.journal_pending for s in self.shards)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._owner(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedStore({str(self.directory)!r}, shards={len(self.shards)}, "
+            f"factory={self.factory!r}, dim={self.dim}, n={len(self)})"
+        )
+
+    def _in_id_order(self, per_shard: list[list[str]]) -> list[tuple[str, int]]:
+        """(key, item id) of every shard's keys, ordered by id (insertion order)."""
+        pairs = []
+        for shard, keys in zip(self.shards, per_shard, strict=True):
+            ids = shard.item_ids(keys)
+            pairs.extend((key, ids[key]) for key in keys)
+        pairs.sort(key=lambda pair: pair[1])
+        return pairs
+
+    def keys(self) -> list[str]:
+        """Live keys in insertion (id) order, as one store lists them."""
+        with self._lock:
+            return [key for key, _ in self._in_id_order([s.keys() for s in self.shards])]
+
+    def get(self, key: str) -> ItemRecord | None:
+        return self._owner(key).get(key)
+
+    def item_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for shard, positions in split_by_shard(list(keys), len(self.shards)).items():
+            found.update(self.shards[shard].item_ids([keys[i] for i in positions]))
+        return found
+
+    def labelled_items(self, limit: int | None = None) -> tuple[list[str], list[str], np.ndarray]:
+        """(keys, labels, vectors) of the live labelled items in insertion order, as
+        `IndexStore.labelled_items`; more than `limit` in all is a StoreError."""
+        with self._lock:
+            parts = [s.labelled_items(limit) for s in self.shards]
+            n = sum(len(p[0]) for p in parts)
+            if limit is not None and n > limit:
+                raise StoreError(
+                    f"the index holds {n} labelled items, more than the {limit} allowed"
+                )
+            order = self._in_id_order([p[0] for p in parts])
+        where = {key: (i, j) for i, p in enumerate(parts) for j, key in enumerate(p[0])}
+        picks = [where[key] for key, _ in order]
+        labels = [parts[i][1][j] for i, j in picks]
+        vectors = np.stack([parts[i][2][j] for i, j in picks]) if picks else np.empty((0, self.dim))
+        return [key for key, _ in order], labels, vectors.astype(np.float32, copy=False)
+
+    def needs_training(self) -> bool:
+        return any(s.needs_training() for s in self.shards)
+
+    def train(self, vectors: np.ndarray) -> None:
+        """A sharded index is trained once, when it is built (`build --shards`)."""
+        if self.needs_training():
+            raise StoreError(
+                f"{self.directory} is a sharded index whose shards are untrained: rebuild it "
+                "with `vitrieval-index build --embeddings EMB --shards N`"
+            )
+
+    # -- mutations ---------------------------------------------------------------------
+
+    def add(
+        self,
+        keys: Sequence[str],
+        vectors: np.ndarray,
+        *,
+        labels: Sequence[str | None] | None = None,
+        paths: Sequence[str | os.PathLike[str] | None] | None = None,
+        metadata: Sequence[dict | None] | None = None,
+        replace: bool = False,
+    ) -> None:
+        """`IndexStore.add`, each item to the shard that owns its key.
+
+        Everything a caller can get wrong (vectors, columns, a key already present
+        without `replace`, a damaged shard) is checked before any shard changes."""
+        keys = check_keys(keys)
+        x = as_matrix(vectors, self.dim, "vectors")
+        if len(x) != len(keys):
+            raise StoreError(f"{len(keys)} keys but {len(x)} vectors")
+        check_unit(x)
+        labels_ = text_column(labels, len(keys), "labels")
+        paths_ = text_column(paths, len(keys), "paths")
+        metadata_column(metadata, len(keys))  # checked here, converted by the shard
+        metadata_ = list(metadata) if metadata is not None else [None] * len(keys)
+        if not keys:
+            return
+        owned = split_by_shard(keys, len(self.shards))
+        with self._lock:
+            for shard, positions in owned.items():
+                store = self.shards[shard]
+                if store.needs_training():
+                    raise StoreError(f"{store.directory} must be trained first")
+                if store.damaged_segments():
+                    raise DamagedIndexError(
+                        f"{store.directory}: segment(s) failed verification; the index takes "
+                        "no changes until it is restored from a backup"
+                    )
+                present = store.item_ids([keys[i] for i in positions]) if not replace else {}
+                if present:
+                    raise KeyExistsError(
+                        f"{len(present)} key(s) already in the index, e.g. "
+                        f"{next(iter(present))!r}; pass replace=True to overwrite them"
+                    )
+            ids = np.arange(self._next_id, self._next_id + len(keys), dtype=np.int64)
+            for shard, positions in owned.items():
+                self.shards[shard].add(
+                    [keys[i] for i in positions],
+                    x[positions],
+                    labels=[labels_[i] for i in positions],
+                    paths=[paths_[i] for i in positions],
+                    metadata=[metadata_[i] for i in positions],
+                    replace=replace,
+                    ids=ids[positions],
+                )
+            self._next_id += len(keys)
+
+    def remove(self, keys: Sequence[str]) -> int:
+        """Remove items by key from their shards; returns how many were present."""
+        if isinstance(keys, str):
+            raise StoreError("keys must be a sequence of strings, not one string")
+        unique = list(dict.fromkeys(keys))
+        with self._lock:
+            return sum(
+                self.shards[shard].remove([unique[i] for i in positions])
+                for shard, positions in split_by_shard(unique, len(self.shards)).items()
+            )
+
+    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """`IndexStore.set_search_params` on every shard."""
+        for shard in self.shards:
+            shard.set_search_params(nprobe=nprobe, ef_search=ef_search)
+
+    def search_params(self) -> dict[str, int]:
+        return self.shards[0].search_params()
+
+    # -- search ------------------------------------------------------------------------
+
+    def ranked_search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None = None,
+        exclude_keys: Sequence[str] = (),
+    ) -> list[list[tuple[int, Hit]]]:
+        """Every shard's top k merged into one top k: descending score, equal scores
+        by ascending item id (ids are numbered across the shards)."""
+        if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
+            raise StoreError(f"k must be an integer >= 1, got {k!r}")
+        q = as_matrix(queries, self.dim, "queries")
+        excluded = split_by_shard(list(exclude_keys), len(self.shards))
+        merged: list[list[tuple[int, Hit]]] = [[] for _ in range(len(q))]
+        for number, shard in enumerate(self.shards):
+            blocked = [exclude_keys[i] for i in excluded.get(number, [])]
+            found = shard.ranked_search(q, int(k), label=label, exclude_keys=blocked)
+            for row, hits in zip(merged, found, strict=True):
+                row.extend(hits)
+        for row in merged:
+            row.sort(key=lambda pair: (-pair[1].score, pair[0]))
+            del row[int(k) :]
+        return merged
+
+    def search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None = None,
+        exclude_keys: Sequence[str] = (),
+    ) -> list[list[Hit]]:
+        """Top-k items for each query, as `IndexStore.search` ranks them."""
+        found = self.ranked_search(queries, k, label=label, exclude_keys=exclude_keys)
+        return [[h for _, h in row] for row in found]
+
+    # -- persistence and upkeep, shard by shard ------------------------------------------
+
+    def save(self) -> None:
+        """Save every shard (each its own commit; a shard with no change writes nothing)."""
+        for shard in self.shards:
+            shard.save()
+
+    def merge(self, *, everything: bool = False) -> int:
+        """Merge what is due in every shard; returns how many segments were merged."""
+        return sum(shard.merge(everything=everything) for shard in self.shards)
+
+    def compact(self) -> None:
+        for shard in self.shards:
+            shard.compact()
+
+    def due_merge(self) -> bool:
+        return any(shard.due_merge() for shard in self.shards)
+
+    def verify(self) -> None:
+        """Every byte of every shard (the model copy with shard 0) against its checksum."""
+        for shard in self.shards:
+            shard.verify()
+
+    def scrub(
+        self, bytes_per_s: float | None = None, stop: threading.Event | None = None
+    ) -> list[tuple[str, str]]:
+        """`IndexStore.scrub` on every shard in turn; the damaged segments of all."""
+        for shard in self.shards:
+            if stop is not None and stop.is_set():
+                break
+            shard.scrub(bytes_per_s, stop)
+        return self.damaged_segments()
+
+    def damaged_segments(self) -> list[tuple[str, str]]:
+        """("shard-001/3", reason) of every segment out of service (lock-free)."""
+        return [
+            (f"{name}/{number}", reason)
+            for name, shard in zip(self.manifest.shards, self.shards, strict=True)
+            for number, reason in shard.damaged_segments()
+        ]
+
+    # -- reporting and lifetime ---------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """`IndexStore.info` over the shards: totals, each shard's segments and files
+        (named inside the index folder), and the top-level files."""
+        parts = [shard.info() for shard in self.shards]
+        files = {SHARDS_FILE: mf.sha256_file(self.directory / SHARDS_FILE).to_json()}
+        for name, part in zip(self.manifest.shards, parts, strict=True):
+            files.update({f"{name}/{file}": entry for file, entry in part["files"].items()})
+        updated = [p["updated"] for p in parts if p["updated"]]
+        return {
+            "directory": str(self.directory),
+            "format_version": self.format_version,
+            "shards": len(self.shards),
+            "shard_format": f"{SHARDS_FILE} version {VERSION}, rule {RULE}",
+            "generation": [p["generation"] for p in parts],
+            "count": sum(p["count"] for p in parts),
+            "deleted": sum(p["deleted"] for p in parts),
+            "factory": self.factory,
+            "dim": self.dim,
+            "metric": mf.METRIC,
+            "fingerprint": self.fingerprint,
+            "model_file": str(self.model_path) if self.model_path else None,
+            "trained": all(p["trained"] for p in parts),
+            "search_params": parts[0]["search_params"],
+            "gpu": parts[0]["gpu"],
+            "segments": [
+                {"shard": name, **segment}
+                for name, part in zip(self.manifest.shards, parts, strict=True)
+                for segment in part["segments"]
+            ],
+            "growing": sum(p["growing"] for p in parts),
+            "bytes_on_disk": sum(entry["bytes"] for entry in files.values()),
+            "files": files,
+            "unsaved_changes": any(p["unsaved_changes"] for p in parts),
+            "journal_pending": sum(p["journal_pending"] for p in parts),
+            "created": self.manifest.created,
+            "updated": max(updated) if updated else None,
+        }
+
+    def close(self) -> None:
+        """Close every shard (unsaved changes are lost)."""
+        for shard in self.shards:
+            shard.close()
+
+    def __enter__(self) -> ShardedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_index(directory: str | os.PathLike[str]) -> bool:
+    """Whether `directory` holds an index: one store (manifest.json) or sharded."""
+    return (Path(directory) / mf.MANIFEST).is_file() or is_sharded(directory)
+
+
+def open_index(directory: str | os.PathLike[str], **options: Any) -> IndexStore | ShardedStore:
+    """Open the index in `directory`: a ShardedStore for a sharded index, an IndexStore
+    for a store directory; `options` as for `IndexStore.open`. Every command and the
+    service open indexes through this."""
+    directory = Path(directory)
+    if is_sharded(directory):
+        return ShardedStore.open(directory, **options)
+    if (directory / PLAN_FILE).is_file() and not (directory / mf.MANIFEST).exists():
+        raise StoreError(
+            f"{directory} is a sharded build that has not finished: run the same "
+            "`vitrieval-index build --embeddings ... --shards N` again to resume it"
+        )
+    return IndexStore.open(directory, **options)
