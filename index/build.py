@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +32,7 @@ from .atomic import atomic_write_text
 from .datasets import Item
 from .embedder import Embedder, EmbedResult
 from .factory import MAX_TRAINING_VECTORS, training_sample_size
+from .shards.store import ShardedStore, is_index, open_index
 from .store import IndexStore, StoreError
 
 if TYPE_CHECKING:  # pyarrow is imported only by builds from an embeddings folder
@@ -60,10 +61,10 @@ class BuildReport:
         )
 
 
-def open_or_create(out: Path, embedder: Embedder, factory: str | None) -> IndexStore:
+def open_or_create(out: Path, embedder: Embedder, factory: str | None) -> IndexStore | ShardedStore:
     """Open the index in `out` (checking it was built with this model) or start a new one."""
-    if (out / "manifest.json").exists():
-        store = IndexStore.open(out, fingerprint=embedder.fingerprint, dim=embedder.dim)
+    if is_index(out):
+        store = open_index(out, fingerprint=embedder.fingerprint, dim=embedder.dim)
         if factory and factory != store.factory:
             raise StoreError(f"{out} was built with factory {store.factory!r}, not {factory!r}")
         return store
@@ -76,7 +77,9 @@ def open_or_create(out: Path, embedder: Embedder, factory: str | None) -> IndexS
     )
 
 
-def _add_chunk(store: IndexStore, items: Sequence[Item], embeddings: np.ndarray) -> None:
+def _add_chunk(
+    store: IndexStore | ShardedStore, items: Sequence[Item], embeddings: np.ndarray
+) -> None:
     store.add(
         [item.key for item in items],
         embeddings,
@@ -93,7 +96,7 @@ def build_index(
     factory: str | None = None,
     save_every: int = 2048,
     progress: bool = True,
-    store: IndexStore | None = None,
+    store: IndexStore | ShardedStore | None = None,
 ) -> BuildReport:
     """Add `items` to the index in `out` (created if missing); returns what happened.
 
@@ -152,9 +155,18 @@ def build_from_embeddings(
     save_every: int = 1_000_000,
     batch_size: int = 8192,
     progress: bool = True,
+    keep: Callable[[str], bool] | None = None,
+    first_id: int | None = None,
+    check_keys: bool = True,
 ) -> BuildReport:
     """Add every row of `folder` to `store` (the index in `out`, opened or created for
     the folder's model); returns what happened.
+
+    A shard of a sharded index (index.shards) is built with `keep`, which takes the
+    rows whose key it returns True for (the others are read and skipped), and
+    `first_id`: row r of the folder (counting every row, in file order) gets item id
+    first_id + r, so that the shards number their items as one store would, and
+    `check_keys=False` when the caller checked the keys once for all the shards.
 
     Memory stays bounded whatever the folder's size: one Parquet batch of at most
     `batch_size` rows at a time, the training sample, and 8 bytes per row for the
@@ -169,21 +181,29 @@ def build_from_embeddings(
        skips the keys already in the index.
     """
     started = time.perf_counter()
-    report = BuildReport(total=folder.count)
-    folder.check_unique_keys(batch_size)
+    report = BuildReport(total=folder.count if keep is None else 0)
+    if check_keys:
+        folder.check_unique_keys(batch_size)
     if folder.count and store.needs_training():
         store.train(folder.sample(training_sample_size(store.factory), batch_size))
     resuming = len(store) > 0
     since_save = 0
+    row = 0  # rows of the folder read before this batch
     # progress on a terminal only: a batch job's log gets the summary line alone
     bar = tqdm(total=folder.count, unit="vec", disable=None if progress else True)
     try:
         for batch in folder.iter_batches(batch_size):
             bar.update(len(batch.keys))
-            keep = [i for i, key in enumerate(batch.keys) if key not in store] if resuming else None
-            if keep is not None and len(keep) < len(batch.keys):
-                report.already_present += len(batch.keys) - len(keep)
-                batch = _rows(batch, keep)
+            ids = np.arange(row, row + len(batch.keys), dtype=np.int64)
+            row += len(batch.keys)
+            if keep is not None:
+                mine = [i for i, key in enumerate(batch.keys) if keep(key)]
+                report.total += len(mine)
+                batch, ids = _rows(batch, mine), ids[mine]
+            new = [i for i, key in enumerate(batch.keys) if key not in store] if resuming else None
+            if new is not None and len(new) < len(batch.keys):
+                report.already_present += len(batch.keys) - len(new)
+                batch, ids = _rows(batch, new), ids[new]
             if batch.keys:
                 store.add(
                     batch.keys,
@@ -191,6 +211,7 @@ def build_from_embeddings(
                     labels=batch.labels,
                     paths=batch.paths,
                     metadata=batch.metadata,
+                    ids=None if first_id is None else ids + first_id,
                 )
                 report.indexed += len(batch.keys)
                 since_save += len(batch.keys)

@@ -16,6 +16,13 @@ from pathlib import Path
 
 from .cli_bench import add_bench_command
 from .cli_common import add_runtime_options, embedder_from_args
+from .cli_shards import (
+    add_shards_option,
+    build_sharded_from_args,
+    check_shards_option,
+    existing_shards,
+    wants_shards,
+)
 from .datasets import DatasetError
 from .images import ImageDecodeError
 from .model_metadata import ModelMetadataError
@@ -36,9 +43,10 @@ def _open_index(index: Path, override: str | None):
     Returns (store, model path).
     """
     from .model_metadata import read_model_metadata
-    from .store import IndexStore, StoreError
+    from .shards import open_index
+    from .store import StoreError
 
-    store = IndexStore.open(index)
+    store = open_index(index)
     if override:
         theirs = read_model_metadata(override).fingerprint
         if theirs != store.fingerprint:
@@ -64,6 +72,7 @@ def _build(args: argparse.Namespace) -> int:
             "build needs exactly one of --images and --embeddings: image files to embed, "
             "or a folder of embeddings (from `vitrieval-index embed`, for one)"
         )
+    check_shards_option(args)
     if args.images is None:
         return _build_embeddings(args)
     items = read_sources(args.images, args.labels_from_folders)
@@ -95,6 +104,7 @@ def _build_embeddings(args: argparse.Namespace) -> int:
     """`build --embeddings EMB`: the index of an embeddings folder, in bounded memory."""
     from .build import build_from_embeddings
     from .embeddings import EmbeddingsError, EmbeddingsFolder
+    from .shards import is_index
     from .store import IndexStore, StoreError
 
     if args.labels_from_folders:
@@ -104,10 +114,14 @@ def _build_embeddings(args: argparse.Namespace) -> int:
     folder = EmbeddingsFolder.open(args.embeddings)
     out = Path(args.out)
     budget = _memory_budget(args)
-    exists = (out / "manifest.json").exists()
+    exists = is_index(out)
     model = Path(args.model) if args.model else folder.model
     if args.model or not exists:
         _check_embeddings_model(model, folder, given=bool(args.model))
+    if wants_shards(args, out):
+        keep = existing_shards(out) is not None and args.factory in (None, "auto")
+        factory = None if keep else _factory(args.factory, out, folder.count, folder.dim, budget)
+        return build_sharded_from_args(args, folder, model, factory)
     if exists:
         store = IndexStore.open(out, fingerprint=folder.fingerprint, dim=folder.dim)
         if args.factory not in (None, "auto") and args.factory != store.factory:
@@ -218,9 +232,10 @@ def _factory(factory: str | None, out: Path, n: int, dim: int, budget: int | Non
 
 
 def _add(args: argparse.Namespace) -> int:
+    from .shards import is_index
     from .store import StoreError
 
-    if not (Path(args.index) / "manifest.json").is_file():
+    if not is_index(args.index):
         raise StoreError(f"{args.index} is not an index; create one with `vitrieval-index build`")
     args.out = args.index
     args.factory = None
@@ -229,7 +244,7 @@ def _add(args: argparse.Namespace) -> int:
 
 def _remove(args: argparse.Namespace) -> int:
     """Remove the keys that are present; name the missing ones and exit 2 if any."""
-    from .store import IndexStore
+    from .shards import open_index
 
     keys = list(args.keys)
     if args.keys_from:
@@ -238,7 +253,7 @@ def _remove(args: argparse.Namespace) -> int:
     keys = list(dict.fromkeys(keys))
     if not keys:
         raise ValueError("no keys given: name them (KEY...) or list them in --keys-from FILE")
-    store = IndexStore.open(args.index)
+    store = open_index(args.index)
     present = [key for key in keys if key in store]
     missing = [key for key in keys if key not in store]
     if present:
@@ -265,9 +280,9 @@ def _some(keys: Sequence[str], shown: int = 10) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .store import IndexStore
+    from .shards import open_index
 
-    info = IndexStore.open(args.index).info()
+    info = open_index(args.index).info()
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
@@ -296,9 +311,9 @@ def _info_value(value: object) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .store import IndexStore
+    from .shards import open_index
 
-    with IndexStore.open(args.index, verify=True) as store:  # StoreError: one line, exit 2
+    with open_index(args.index, verify=True) as store:  # StoreError: one line, exit 2
         info = store.info()
     files = len(info["files"])
     print(
@@ -320,9 +335,9 @@ def _upgrade(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .store import IndexStore
+    from .shards import open_index
 
-    with IndexStore.open(args.index) as store:
+    with open_index(args.index) as store:
         before = len(store.info()["segments"])
         merged = store.merge(everything=args.all)
         after = len(store.info()["segments"])
@@ -426,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="commit every N images (default 2048; with --embeddings every 1,000,000 vectors)",
     )
+    add_shards_option(build)
     add_runtime_options(build)
     build.set_defaults(handler=_build)
 

@@ -19,6 +19,7 @@ from PIL import Image
 from index.atomic import atomic_write_bytes, fsync_dir
 from index.embedder import Embedder
 from index.images import DecodeBudget, DecodeBudgetBusy
+from index.shards import ShardedStore, open_index
 from index.store import IndexStore
 
 from .batching import DynamicBatcher
@@ -56,7 +57,7 @@ class Timings:
 class ServiceState:
     settings: Settings
     embedder: Embedder
-    store: IndexStore
+    store: IndexStore | ShardedStore  # one store, or a sharded index (index.shards)
     metrics: ServiceMetrics
     batcher: DynamicBatcher
     decode_pool: ThreadPoolExecutor
@@ -87,7 +88,7 @@ class ServiceState:
         except Exception as exc:  # ModelMetadataError, OSError, and ONNX Runtime's own types
             raise StartupError(f"cannot load model {settings.model}: {exc}") from None
         try:
-            store = IndexStore.open(
+            store = open_index(
                 settings.index,
                 fingerprint=embedder.fingerprint,
                 dim=embedder.dim,
