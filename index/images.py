@@ -15,6 +15,9 @@ one place:
   transparent areas composited on white).
 
 Failures raise `ImageDecodeError` with a message meant for the user.
+
+With the `vips` extra installed, libvips decodes the pixels of large PNG and WebP
+files after these header checks (`index/vips_decode.py`, `VITRIEVAL_DECODER`).
 """
 
 from __future__ import annotations
@@ -182,6 +185,12 @@ def open_image(
     """
     with _opened(source) as (image, name):
         plan = _plan(image, name, max_pixels, draft_size)  # sets a JPEG's draft too
+        from . import vips_decode  # imports this module: loaded on first use
+
+        if vips_decode.active_decoder() == "vips" and vips_decode.handles(image, plan.reduce):
+            reduced = vips_decode.decode(source, image, plan.reduce, name)
+            if reduced is not None:
+                return _upright(reduced, vips_decode.header_orientation(image))
         try:
             image.load()
             if image.size != plan.frame:  # the decoder chose otherwise: plan again

@@ -15,6 +15,14 @@ from index.images import (
     UnsupportedFormatError,
     open_image,
 )
+from index.vips_decode import DECODER_ENV
+
+
+@pytest.fixture(autouse=True)
+def pillow_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests pin the Pillow path (its strips and plans); tests/test_decoders.py
+    holds libvips's to the same results."""
+    monkeypatch.setenv(DECODER_ENV, "pillow")
 
 
 def encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
