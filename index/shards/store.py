@@ -159,8 +159,10 @@ class ShardedStore:
         return self._owner(key).get(key)
 
     def item_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        """key -> item id of the live `keys`, each asked of its shard."""
+        keys = list(keys)
         found: dict[str, int] = {}
-        for shard, positions in split_by_shard(list(keys), len(self.shards)).items():
+        for shard, positions in split_by_shard(keys, len(self.shards)).items():
             found.update(self.shards[shard].item_ids([keys[i] for i in positions]))
         return found
 
@@ -283,10 +285,11 @@ class ShardedStore:
         if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
             raise StoreError(f"k must be an integer >= 1, got {k!r}")
         q = as_matrix(queries, self.dim, "queries")
-        excluded = split_by_shard(list(exclude_keys), len(self.shards))
+        exclude = list(exclude_keys)
+        excluded = split_by_shard(exclude, len(self.shards))
         merged: list[list[tuple[int, Hit]]] = [[] for _ in range(len(q))]
         for number, shard in enumerate(self.shards):
-            blocked = [exclude_keys[i] for i in excluded.get(number, [])]
+            blocked = [exclude[i] for i in excluded.get(number, [])]
             found = shard.ranked_search(q, int(k), label=label, exclude_keys=blocked)
             for row, hits in zip(merged, found, strict=True):
                 row.extend(hits)
