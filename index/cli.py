@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cli_bench import add_bench_command
-from .cli_common import add_runtime_options, embedder_from_args
+from .cli_common import add_ray_options, add_runtime_options, embedder_from_args
 from .cli_shards import (
     add_shards_option,
     build_sharded_from_args,
@@ -186,13 +186,18 @@ def _embed(args: argparse.Namespace) -> int:
         raise EmbeddingsError(f"--part-size must be at least 1, got {args.part_size}")
     items = read_sources(args.images, args.labels_from_folders)
     out = Path(args.out)
-    report = embed_to_folder(
-        items,
-        out,
-        embedder_from_args(Path(args.model), args),
-        part_size=args.part_size,
-        source=str(args.images),
-    )
+    if args.ray:  # the same folder, its parts embedded by actors on a Ray cluster
+        from distributed.embed import embed_from_args
+
+        report = embed_from_args(items, out, args)
+    else:
+        report = embed_to_folder(
+            items,
+            out,
+            embedder_from_args(Path(args.model), args),
+            part_size=args.part_size,
+            source=str(args.images),
+        )
     for failure in report.failed[:10]:
         print(f"  skipped {failure['key']}: {failure['reason']}")
     if len(report.failed) > 10:
@@ -459,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="images per Parquet part (default 50,000); a re-run keeps the finished parts",
     )
     add_runtime_options(embed)
+    add_ray_options(embed, actors=True)
     embed.set_defaults(handler=_embed)
 
     add = sub.add_parser("add", help="add images to an index, with the model it was built with")

@@ -17,3 +17,25 @@ def embedder_from_args(model: Path, args: argparse.Namespace):
     from .embedder import Embedder
 
     return Embedder(model, device=args.device, batch_size=args.batch_size)
+
+
+def add_ray_options(parser: argparse.ArgumentParser, *, actors: bool = False) -> None:
+    """--ray ADDRESS (distributed.cluster), and with `actors` the actor pool's size."""
+    from distributed.cluster import ADDRESS_HELP, DEFAULT_ACTOR_THREADS
+
+    parser.add_argument("--ray", metavar="ADDRESS", help=ADDRESS_HELP)
+    if actors:
+        parser.add_argument(
+            "--actors",
+            type=int,
+            metavar="N",
+            help="with --ray: actors embedding at once (default: one per GPU, or the "
+            "cluster's CPUs // --actor-threads)",
+        )
+        parser.add_argument(
+            "--actor-threads",
+            type=int,
+            metavar="T",
+            help="with --ray: CPUs, ONNX Runtime and decoding threads per actor (default: "
+            f"min({DEFAULT_ACTOR_THREADS}, a node's CPUs), or CPUs // --actors)",
+        )

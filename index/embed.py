@@ -162,6 +162,9 @@ def embed_part(
         vectors.append(result.embeddings)
         for position, reason in result.errors:
             item = chunk[position]
+            opened = read[position].path if read is not None else None
+            if opened and item.path:  # the reason names the file as the list does
+                reason = reason.replace(str(opened), str(item.path))
             failed.append(
                 {"path": str(item.path or ""), "reason": reason, "key": item.key, "part": name}
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ray_cluster import ray_address  # noqa: F401  (the session's Ray cluster, a fixture)
 
 
 def export_tiny(seed: int, path: Path) -> Path:

@@ -1,0 +1,10 @@
+"""vitrieval on a Ray cluster (`pip install 'vitrieval[distributed]'`).
+
+Every Ray import of the project lives in this package, and inside functions only:
+importing a module of it costs nothing without Ray, and a `--ray` option given without
+Ray installed ends in one line naming the extra (`distributed.cluster`).
+
+- `distributed.cluster`: the `--ray ADDRESS` values and the cluster's start and stop.
+- `distributed.embed`: `vitrieval-index embed --ray`, the parts embedded by a Ray Data
+  actor pool into the same embeddings folder `index.embed` writes.
+"""

@@ -1,0 +1,237 @@
+"""`vitrieval-index embed --ray ADDRESS`: the parts of an embed done by a Ray Data actor
+pool, into the same embeddings folder `index.embed` writes.
+
+The driver (the command's process) opens the folder with `index.embed.start_job`,
+exactly as the single-process embed does (same checks, same resumability: parts
+recorded in embeddings.json are skipped), and makes a Ray Dataset of the parts left
+to do: one row per part, its inputs (key, label, path) as JSON. `map_batches` hands
+the rows to a fixed pool of actors (`PartEmbedder`), each holding one Embedder (one
+ONNX Runtime session) for its lifetime. An actor embeds a whole part with
+`index.embed.embed_part` (the same decoding and model as the single-process embed),
+writes its Parquet file atomically and returns its row count and unreadable inputs;
+the driver commits each part (errors.csv, then embeddings.json) as the results
+arrive, in any order, with the same `EmbedJob.commit`. A killed driver loses the
+parts in flight; a re-run embeds those only.
+
+Parts are the unit of parallelism: a list of P parts keeps at most P actors busy
+(`--part-size` sets it; the default, 50,000 images, suits catalogues of millions).
+
+Threads per actor (T, `--actor-threads`): each actor reserves T of Ray's CPUs, runs
+ONNX Runtime with T intra-op threads and decodes with T threads (decoding and the
+model alternate, batch i+1 decoding while batch i runs). Ray never places more
+actors on a node than its CPUs allow, so actors x T <= CPUs on every node: no node is
+oversubscribed. The defaults: T = min(4, the largest node's CPUs), and `--actors`
+N = the cluster's CPUs // T; with `--actors` alone, T = CPUs // N. On a cluster with
+GPUs (and `--device` auto or cuda): one actor per GPU (`num_gpus=1`, the CUDA
+execution provider), each with T = min(4, CPUs // GPUs) threads for decoding.
+
+Files: the actors write the part files, the driver embeddings.json and errors.csv,
+all in `--out`, and the actors read the images at the paths the list gives (relative
+ones against the driver's working folder). On a cluster of several machines, `--out`
+and the images must be on storage every node sees at the same path (NFS, a shared
+volume); a part the driver cannot see after an actor wrote it stops the job with a
+message saying so. The nodes need vitrieval installed (the actors import it) and the
+model file at the same path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from index.datasets import Item
+from index.embed import EmbedJob, EmbedReport, embed_part, start_job
+from index.embedder import Embedder
+from index.embeddings import EmbeddingsError, part_name
+
+from .cluster import (
+    ActorPlan,
+    ClusterError,
+    import_ray,
+    largest_node_cpus,
+    parse_address,
+    plan_actors,
+    ray_cluster,
+    ray_log_level,
+)
+
+logger = logging.getLogger("vitrieval.distributed")
+
+
+class PartEmbedder:
+    """One actor of the pool: an Embedder created once, then whole parts embedded and
+    written, one per call (a batch of rows `part`, `inputs`)."""
+
+    def __init__(
+        self,
+        model: str,
+        fingerprint: str,
+        out: str,
+        base: str,
+        device: str,
+        batch_size: int,
+        threads: int,
+    ) -> None:
+        self.embedder = Embedder(
+            model,
+            device=device,
+            batch_size=batch_size,
+            decode_threads=threads,
+            intra_op_threads=threads,
+            # idle ORT threads spinning between batches take the cores of the other
+            # actors on the node
+            spin_wait=False,
+        )
+        if self.embedder.fingerprint != fingerprint:
+            raise EmbeddingsError(
+                f"{model} on this node has fingerprint {self.embedder.fingerprint[:12]}, "
+                f"the driver's {fingerprint[:12]}: every node needs the same model file"
+            )
+        self.out = Path(out)
+        self.base = Path(base)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        numbers, rows, failed = [], [], []
+        for number, inputs in zip(batch["part"], batch["inputs"], strict=True):
+            name = part_name(int(number))
+            chunk = [
+                Item(key=key, label=label, path=None if path is None else Path(path))
+                for key, label, path in json.loads(inputs)
+            ]
+            # relative paths are the driver's: opened against its working folder
+            read = [
+                replace(item, path=self.base / item.path) if item.path else item for item in chunk
+            ]
+            part = embed_part(self.embedder, chunk, name, read=read)
+            part.write(self.out / name)
+            numbers.append(int(number))
+            rows.append(part.rows)
+            failed.append(json.dumps(part.failed))
+        return {
+            "part": np.array(numbers, np.int64),
+            "rows": np.array(rows, np.int64),
+            "failed": np.array(failed, dtype=object),
+        }
+
+
+def embed_from_args(items: Sequence[Item], out: Path, args: argparse.Namespace) -> EmbedReport:
+    """`vitrieval-index embed --ray`: `embed_on_ray` with the command's options."""
+    return embed_on_ray(
+        items,
+        out,
+        Path(args.model),
+        address=args.ray,
+        device=args.device,
+        batch_size=args.batch_size,
+        part_size=args.part_size,
+        source=str(args.images),
+        actors=args.actors,
+        threads=args.actor_threads,
+    )
+
+
+def embed_on_ray(
+    items: Sequence[Item],
+    out: Path,
+    model: Path,
+    *,
+    address: str,
+    device: str = "auto",
+    batch_size: int = 64,
+    part_size: int | None = None,
+    source: str | None = None,
+    actors: int | None = None,
+    threads: int | None = None,
+    progress: bool = True,
+) -> EmbedReport:
+    """Embed `items` into the embeddings folder `out` on the Ray cluster `address`,
+    resuming a run that stopped (whichever runner made it)."""
+    address = parse_address(address)
+    import_ray()  # before any work: without Ray, one line naming the extra
+    # the driver's own session only checks the model and gives its fingerprint and size
+    driver = Embedder(model, device="cpu", batch_size=batch_size, intra_op_threads=1)
+    job = start_job(items, out, driver, part_size=part_size, source=source)
+    if job.todo:
+        with ray_cluster(address) as ray:
+            resources = ray.cluster_resources()
+            plan = plan_actors(
+                resources.get("CPU", 1),
+                resources.get("GPU", 0),
+                largest_node_cpus(ray),
+                device=device,
+                actors=actors,
+                threads=threads,
+            )
+            logger.info("embedding %d part(s) with %s", len(job.todo), plan.describe())
+            constructor = {
+                "model": str(model.absolute()),
+                "fingerprint": driver.fingerprint,
+                "out": str(job.out.absolute()),
+                "base": os.getcwd(),
+                "device": "cuda" if plan.gpu else "cpu",
+                "batch_size": batch_size,
+                "threads": plan.threads,
+            }
+            _run(ray, job, plan, constructor, progress)
+    return job.finish()
+
+
+def _run(
+    ray: ModuleType, job: EmbedJob, plan: ActorPlan, constructor: dict[str, Any], progress: bool
+) -> None:
+    """Embed the parts of `job.todo` on the actor pool, committing each as it returns."""
+    import ray.data  # `import ray` alone leaves Ray Data unloaded
+
+    # Ray Data's execution log and notes (after its import, which sets its loggers up)
+    logging.getLogger("ray.data").setLevel(ray_log_level())
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the job's own bar counts images
+    context.print_on_execution_start = False
+    # an actor's EmbeddingsError or ModelMetadataError reaches the CLI as itself: one line
+    context.raise_original_map_exception = True
+    rows = [
+        {
+            "part": number,
+            "inputs": json.dumps(
+                [
+                    [item.key, item.label, None if item.path is None else str(item.path)]
+                    for item in job.items[slice(*job.ranges[number])]
+                ]
+            ),
+        }
+        for number in job.todo
+    ]
+    dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+        PartEmbedder,
+        batch_size=1,
+        # one part at a time per actor: a part queued behind another on a busy actor
+        # would wait while an idle actor has nothing
+        compute=ray.data.ActorPoolStrategy(size=plan.actors, max_tasks_in_flight_per_actor=1),
+        num_cpus=plan.threads,
+        num_gpus=1 if plan.gpu else None,
+        fn_constructor_kwargs=constructor,
+    )
+    bar = job.progress_bar(progress)
+    try:
+        for row in dataset.iter_rows():
+            number = int(row["part"])
+            name = part_name(number)
+            if not (job.out / name).is_file():
+                raise ClusterError(
+                    f"an actor wrote {name}, but {job.out} here does not hold it: on a "
+                    "cluster of several machines, --out must be on storage every node shares"
+                )
+            job.commit(number, int(row["rows"]), json.loads(row["failed"]))
+            start, stop = job.ranges[number]
+            bar.update(stop - start)
+    finally:
+        bar.close()
