@@ -171,6 +171,8 @@ def embed_on_ray(
                 actors=actors,
                 threads=threads,
             )
+            # more actors than parts would only start and idle
+            plan = replace(plan, actors=min(plan.actors, len(job.todo)))
             logger.info("embedding %d part(s) with %s", len(job.todo), plan.describe())
             constructor = {
                 "model": str(model.absolute()),
