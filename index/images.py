@@ -136,6 +136,7 @@ class DecodePlan:
     frame: tuple[int, int]
     reduce: int
     decoder_bytes: int = 0  # what the format's decoder holds beside the frame
+    decoder: str = "pillow"  # or "vips" (index/vips_decode.py)
 
     @property
     def frame_bytes(self) -> int:
@@ -185,9 +186,9 @@ def open_image(
     """
     with _opened(source) as (image, name):
         plan = _plan(image, name, max_pixels, draft_size)  # sets a JPEG's draft too
-        from . import vips_decode  # imports this module: loaded on first use
+        if plan.decoder == "vips":
+            from . import vips_decode
 
-        if vips_decode.active_decoder() == "vips" and vips_decode.handles(image, plan.reduce):
             reduced = vips_decode.decode(source, image, plan.reduce, name)
             if reduced is not None:
                 return _upright(reduced, vips_decode.header_orientation(image))
@@ -271,6 +272,11 @@ def _plan(image: Image.Image, name: str, max_pixels: int, draft_size: int | None
     elif image.format == "WEBP":
         decoder = 2 * width * height * 4  # libwebp's buffer and the canvas it is copied to
     reduce = max(1, min(frame) // draft_size) if draft_size else 1
+    from . import vips_decode  # imports this module: loaded on first use
+
+    if vips_decode.active_decoder() == "vips" and vips_decode.handles(image, reduce):
+        decoder += vips_decode.VIPS_FIXED_BYTES
+        return DecodePlan(image.format, (width, height), mode, frame, reduce, decoder, "vips")
     return DecodePlan(image.format, (width, height), mode, frame, reduce, decoder)
 
 

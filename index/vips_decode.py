@@ -6,12 +6,13 @@ ratio, memory plan, the same errors), and only then, for an image this module
 reproduces, libvips decodes the pixels instead of Pillow:
 
 - PNG streamed a band of rows at a time, then the same integer box reduction as the
-  Pillow path; WebP with libwebp's scaled decoding to the same reduced size. Pillow
-  decodes both at full size (`draft` is JPEG-only), which is what makes them slow:
-  libvips is 1.3-2.5x faster on PNG and 1.5-1.9x on WebP from 4 MP, and holds 4-20x
-  less memory (bench/decoders.py, docs/benchmarks.md);
+  Pillow path; WebP with libwebp's scaled decoding to about the same reduced size.
+  Pillow decodes both at full size (`draft` is JPEG-only), which is what makes them
+  slow: libvips is 1.1-2.1x faster on PNG (median 1.5x) and 1.8-2.4x on WebP from
+  4 MP (bench/decoders.py, docs/benchmarks.md);
 - JPEG stays with Pillow: its `draft` already decodes at reduced scale, and libvips
-  measured no faster (0.45-1.5x, about 1x at 12-18 MP);
+  measured no faster (its jpegload shrink-on-load 0.45-1.5x, about 1x at 12-18 MP;
+  `pyvips.Image.thumbnail` 0.1-0.8x);
 - only 8-bit greyscale, RGB and their alpha variants whose libvips header agrees with
   Pillow's (size, bands, 8 bits), from `VIPS_MIN_PIXELS` on, and WebP only when it is
   reduced: palette, 16-bit, colour-keyed PNG, small files and every other format go
@@ -25,12 +26,12 @@ reproduces, libvips decodes the pixels instead of Pillow:
 - a truncated file raises (`fail_on="truncated"`), like Pillow without
   `LOAD_TRUNCATED_IMAGES`; every libvips error becomes `ImageDecodeError`.
 
-Memory: the decode reserves the Pillow plan's `peak_bytes` in either case, which bounds
-libvips too: the most libvips holds is a frame at the decode size (an interlaced PNG:
-at most 4 bytes a pixel, as the plan counts), and libwebp's buffers are within the
-plan's `decoder_bytes`; a sequential PNG holds a few rows. The reservation is
-conservative for libvips (18 MP: 19 MiB measured for PNG, 13 MiB for WebP, against
-80 and 280 MiB with Pillow), never short.
+Memory: a libvips decode is planned as Pillow's (`plan_decode`) plus `VIPS_FIXED_BYTES`
+(its thread and buffers), and `plan.decoder` says which decoder the plan is for. libvips
+streams a PNG and decodes a WebP at the reduced size, so it mostly holds far less (18 MP:
+41 MiB for PNG, 12 MiB for WebP, against 80 and 280 MiB with Pillow), but its buffers
+grow with the width, so it is used only up to `VIPS_MAX_WIDTH` and `VIPS_MAX_ASPECT`:1,
+where its measured peak stays within the plan (`tests/test_decoders.py` checks it).
 
 `VITRIEVAL_DECODER` chooses: `auto` (the default: libvips when `pyvips` imports and
 libvips starts, Pillow otherwise), `pillow`, or `vips` (an error if libvips cannot be
@@ -65,6 +66,14 @@ _BANDS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
 VIPS_MIN_PIXELS = {"PNG": 250_000, "WEBP": 3_000_000}
 """Smallest image (width x height) each format goes to libvips at: below, a libvips
 call's set-up costs more than it saves (bench/decoders.py; docs/index.md)."""
+VIPS_MAX_WIDTH = 8192
+VIPS_MAX_ASPECT = 3
+"""libvips's buffers grow with the image's width (a 30000 x 1000 RGBA PNG peaked at
+304 MiB, twice Pillow's plan): it decodes only the shapes where its measured peak stays
+within the plan below; wider images and panoramas go to Pillow."""
+VIPS_FIXED_BYTES = 16 << 20
+"""Added to the Pillow plan for a libvips decode: its worker thread, region buffers and
+caches, which a small image's plan would not cover."""
 
 
 class VipsUnavailableError(RuntimeError):
@@ -114,12 +123,16 @@ def active_decoder() -> str:
 def handles(image: Image.Image, reduce: int) -> bool:
     """Whether libvips decodes this opened image, `reduce` its plan's box reduction:
     PNG, and WebP that is reduced (libvips is faster only by decoding a WebP scaled),
-    in an 8-bit grey or RGB mode (with alpha), from `VIPS_MIN_PIXELS` on."""
+    in an 8-bit grey or RGB mode (with alpha), from `VIPS_MIN_PIXELS` on, up to
+    `VIPS_MAX_WIDTH` wide and `VIPS_MAX_ASPECT`:1."""
     minimum = VIPS_MIN_PIXELS.get(image.format or "")
+    width, height = image.size
     return (
         minimum is not None
         and image.mode in _BANDS
-        and image.width * image.height >= minimum
+        and width * height >= minimum
+        and width <= VIPS_MAX_WIDTH
+        and max(width, height) <= VIPS_MAX_ASPECT * min(width, height)
         and (image.format != "WEBP" or reduce > 1)
     )
 

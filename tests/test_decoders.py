@@ -301,3 +301,63 @@ def test_embeddings_agree_across_decoders(tiny_onnx, tmp_path, monkeypatch) -> N
     vips = embedder.embed_sources(files).embeddings
     assert calls == [True] * len(files)
     assert np.min(np.sum(pillow * vips, axis=1)) >= 0.999
+
+
+PEAK_CHILD = """
+import sys
+from index.images import open_image, plan_decode
+def kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+path, draft = sys.argv[1], int(sys.argv[2])
+plan = plan_decode(path, draft_size=draft)
+open_image(path, draft_size=draft)  # libvips started, its thread made: as in a server
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # peak RSS := current RSS
+before = kib("VmRSS:")
+open_image(path, draft_size=draft)
+print(plan.decoder, plan.peak_bytes, (kib("VmHWM:") - before) * 1024)
+"""
+
+
+@needs_vips
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="Linux peak RSS")
+@pytest.mark.parametrize(
+    "size, mode, draft_size",
+    [
+        ((3000, 1000), "RGBA", 496),  # small: the fixed part of libvips's memory counts
+        ((vips_decode.VIPS_MAX_WIDTH, -(-vips_decode.VIPS_MAX_WIDTH // 3)), "RGBA", 496),
+        ((2000, 2000), "RGB", None),  # not reduced: the whole frame is the output
+    ],
+)
+def test_libvips_stays_within_the_decode_plan(size, mode, draft_size, tmp_path) -> None:
+    """What the decode budget reserves (`plan.peak_bytes`) bounds libvips's peak RSS at
+    the widest shape it is given; wider images go to Pillow."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 255, (size[1] // 8, size[0] // 8, 4), dtype=np.uint8)
+    path = tmp_path / "wide.png"
+    Image.fromarray(noise, "RGBA").resize(size).convert(mode).save(path, compress_level=1)
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_CHILD, str(path), str(draft_size or 0)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, vips_decode.DECODER_ENV: "vips"},
+    ).stdout.split()
+    decoder, planned, peak = out[0], int(out[1]), int(out[2])
+    assert decoder == "vips"
+    assert peak <= planned, f"libvips peaked at {peak / 2**20:.0f} MiB, plan {planned / 2**20:.0f}"
+
+
+def test_wider_images_and_panoramas_stay_with_pillow() -> None:
+    def png(size: tuple[int, int]) -> Image.Image:
+        return Image.open(io.BytesIO(encode(Image.new("RGB", size), "PNG")))
+
+    width = vips_decode.VIPS_MAX_WIDTH
+    assert vips_decode.handles(png((width, width // 2)), 2)
+    assert not vips_decode.handles(png((width + 1, width // 2)), 2)
+    assert not vips_decode.handles(png((3001, 1000)), 2)  # beyond 3:1
+    assert not vips_decode.handles(png((1000, 3001)), 2)
