@@ -40,7 +40,7 @@ import argparse
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -224,7 +224,7 @@ def _run(
     )
     bar = job.progress_bar(progress)
     try:
-        for row in dataset.iter_rows():
+        for row in _results(ray, dataset):
             number = int(row["part"])
             name = part_name(number)
             if not (job.out / name).is_file():
@@ -237,3 +237,16 @@ def _run(
             bar.update(stop - start)
     finally:
         bar.close()
+
+
+def _results(ray: ModuleType, dataset: Any) -> Iterator[dict[str, Any]]:
+    """The dataset's rows as the actors return them. An actor that could not start (a
+    model missing or different on its node, no GPU provider) or that died is one line:
+    the error it raised, the last line of Ray's report."""
+    try:
+        yield from dataset.iter_rows()
+    except ray.exceptions.RayError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise ClusterError(
+            f"an embedding actor failed: {lines[-1] if lines else type(exc).__name__}"
+        ) from None
