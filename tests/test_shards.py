@@ -383,7 +383,7 @@ def test_a_killed_sharded_build_resumes_to_the_same_index(tmp_path, capsys, tiny
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,  # the shard processes too: the whole build dies at once
+        start_new_session=True,  # a process group of its own: the shard workers are in it
     )
     deadline = time.monotonic() + 120
     try:
@@ -391,10 +391,17 @@ def test_a_killed_sharded_build_resumes_to_the_same_index(tmp_path, capsys, tiny
             if any((out / f"shard-00{i}" / "manifest.json").exists() for i in range(3)):
                 break
             time.sleep(0.002)
-        os.killpg(process.pid, signal.SIGKILL)
-    finally:
+        process.kill()  # the build process alone: its shard workers must die with it
         process.wait()
+        workers_gone = time.monotonic() + 10
+        while _group_alive(process.pid) and time.monotonic() < workers_gone:
+            time.sleep(0.05)
+        orphans = _group_alive(process.pid)
+    finally:
+        if _group_alive(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == -signal.SIGKILL, "the build finished before it was killed"
+    assert not orphans, "shard workers outlived the killed build"
     assert not (out / SHARDS_FILE).exists()  # not committed
     code, _, err = run(capsys, "search", out, "x.png")
     assert code == 2 and one_line(err) and "has not finished" in err
@@ -409,6 +416,14 @@ def test_a_killed_sharded_build_resumes_to_the_same_index(tmp_path, capsys, tiny
     assert resumed.keys() == unbroken.keys() and len(resumed) == len(x)
     same_hits(unbroken.search(x[:40], 10), resumed.search(x[:40], 10))
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in unbroken_dir.iterdir())
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")

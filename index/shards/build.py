@@ -15,9 +15,12 @@ with the same quantiser and the same item numbering.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -45,6 +48,8 @@ from .layout import (
     shard_of,
     write_shards_manifest,
 )
+
+_PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
 
 RunShards = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
@@ -138,7 +143,25 @@ def run_locally(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _set_threads(threads: int) -> None:
+    _die_with_parent()
     faiss.omp_set_num_threads(threads)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the build process that spawned it dies.
+
+    A build killed with SIGKILL cannot stop its workers, which would go on writing the
+    shards that the re-run resumes (two writers on one store). Elsewhere this does
+    nothing: the workers then end at their next save when the pool's pipe breaks."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def build_sharded(
