@@ -7,4 +7,6 @@ Ray installed ends in one line naming the extra (`distributed.cluster`).
 - `distributed.cluster`: the `--ray ADDRESS` values and the cluster's start and stop.
 - `distributed.embed`: `vitrieval-index embed --ray`, the parts embedded by a Ray Data
   actor pool into the same embeddings folder `index.embed` writes.
+- `distributed.build`: `vitrieval-index build --shards N --ray`, each shard's build a
+  Ray task.
 """

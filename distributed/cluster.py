@@ -33,7 +33,7 @@ about 4 threads; past that, more actors of 4 threads embed more images per secon
 than fewer, wider ones."""
 RAY_EXTRA = "pip install 'vitrieval[distributed]'"
 ADDRESS_HELP = (
-    "embed on a Ray cluster: 'local' (start one on this machine for this command), "
+    "run on a Ray cluster: 'local' (start one on this machine for this command), "
     "'auto' (join the running cluster) or ray://HOST:PORT (a remote cluster's client "
     f"address); needs {RAY_EXTRA}"
 )

@@ -73,6 +73,8 @@ def _build(args: argparse.Namespace) -> int:
             "or a folder of embeddings (from `vitrieval-index embed`, for one)"
         )
     check_shards_option(args)
+    if args.ray and (args.images is not None or not wants_shards(args, Path(args.out))):
+        raise ValueError("--ray builds the shards of a sharded index: --embeddings EMB --shards N")
     if args.images is None:
         return _build_embeddings(args)
     items = read_sources(args.images, args.labels_from_folders)
@@ -447,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="commit every N images (default 2048; with --embeddings every 1,000,000 vectors)",
     )
     add_shards_option(build)
+    add_ray_options(build)
     add_runtime_options(build)
     build.set_defaults(handler=_build)
 

@@ -62,8 +62,13 @@ def build_sharded_from_args(
     out = Path(args.out)
     shards = args.shards or existing_shards(out) or 1
     save_every = 1_000_000 if args.save_every is None else args.save_every
+    run_shards = None
+    if getattr(args, "ray", None):  # each shard a Ray task (distributed/build.py)
+        from distributed.build import shard_runner
+
+        run_shards = shard_runner(args.ray)
     report = build_sharded(
-        folder.folder, out, str(model or ""), factory, shards, max(1, save_every)
+        folder.folder, out, str(model or ""), factory, shards, max(1, save_every), run_shards
     )
     present = f", {report['already_present']} already present" if report["already_present"] else ""
     print(
