@@ -73,7 +73,9 @@ def _build(args: argparse.Namespace) -> int:
             "or a folder of embeddings (from `vitrieval-index embed`, for one)"
         )
     check_shards_option(args)
-    if args.ray and (args.images is not None or not wants_shards(args, Path(args.out))):
+    if getattr(args, "ray", None) and (
+        args.images is not None or not wants_shards(args, Path(args.out))
+    ):
         raise ValueError("--ray builds the shards of a sharded index: --embeddings EMB --shards N")
     if args.images is None:
         return _build_embeddings(args)
