@@ -118,9 +118,11 @@ def test_a_killed_embed_on_ray_resumes(tmp_path, capsys, images, single, tiny_on
     argv[argv.index("--part-size") + 1] = "2"
     command = cli(*argv, "--batch-size", "1", "--ray", "auto", "--actors", "1")
     env = {**os.environ, "RAY_ADDRESS": ray_address}
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
 
     def parts_recorded() -> int:
         try:
@@ -135,7 +137,7 @@ def test_a_killed_embed_on_ray_resumes(tmp_path, capsys, images, single, tiny_on
         process.send_signal(signal.SIGKILL)
     finally:
         process.wait()
-    assert process.returncode == -signal.SIGKILL, "the embed finished before it was killed"
+    assert process.returncode == -signal.SIGKILL, f"not killed, ended: {log.read_text()}"
     meta = json.loads((emb / "embeddings.json").read_text())
     assert meta["complete"] is False and 1 <= len(meta["parts"]) < 32, meta["parts"]
     kept = {name: os.stat(emb / name) for name in (p["file"] for p in meta["parts"])}
