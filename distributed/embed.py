@@ -191,11 +191,11 @@ def _run(
     ray: ModuleType, job: EmbedJob, plan: ActorPlan, constructor: dict[str, Any], progress: bool
 ) -> None:
     """Embed the parts of `job.todo` on the actor pool, committing each as it returns."""
-    import ray.data  # `import ray` alone leaves Ray Data unloaded
+    import ray.data as ray_data  # `import ray` alone leaves Ray Data unloaded
 
     # Ray Data's execution log and notes (after its import, which sets its loggers up)
     logging.getLogger("ray.data").setLevel(ray_log_level())
-    context = ray.data.DataContext.get_current()
+    context = ray_data.DataContext.get_current()
     context.enable_progress_bars = False  # the job's own bar counts images
     context.print_on_execution_start = False
     # an actor's EmbeddingsError or ModelMetadataError reaches the CLI as itself: one line
@@ -212,12 +212,12 @@ def _run(
         }
         for number in job.todo
     ]
-    dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+    dataset = ray_data.from_items(rows, override_num_blocks=len(rows)).map_batches(
         PartEmbedder,
         batch_size=1,
         # one part at a time per actor: a part queued behind another on a busy actor
         # would wait while an idle actor has nothing
-        compute=ray.data.ActorPoolStrategy(size=plan.actors, max_tasks_in_flight_per_actor=1),
+        compute=ray_data.ActorPoolStrategy(size=plan.actors, max_tasks_in_flight_per_actor=1),
         num_cpus=plan.threads,
         num_gpus=1 if plan.gpu else None,
         fn_constructor_kwargs=constructor,
