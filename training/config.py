@@ -60,6 +60,28 @@ POOL_HEAD_SIZES = ("pool_dim", "pool_out_dim", "pool_codebook", "pool_rank")
 """Size options of the second-order heads (ccbp, jcf); None leaves the head's default."""
 
 
+DECODE_CACHE_MODES = ("auto", "memory", "disk", "off")
+"""`--decode-cache`: how training keeps the images it decoded (training/decode_cache.py)."""
+DECODE_CACHE_MEMORY_SHARE = 0.25
+DECODE_CACHE_MEMORY_CAP = 8 * 2**30
+"""`--decode-cache auto` keeps decoded images in memory up to this share of the
+machine's RAM, at most the cap in bytes; the rest go to disk."""
+
+
+def check_decode_cache(mode: str, folder: str | None) -> None:
+    """`--decode-cache MODE` is a known mode; `--decode-cache-dir` only where a mode
+    writes to disk (auto, for what exceeds the memory budget, and disk)."""
+    if mode not in DECODE_CACHE_MODES:
+        raise ConfigError(
+            f"--decode-cache must be one of {', '.join(DECODE_CACHE_MODES)}, got {mode!r}"
+        )
+    if folder is not None and mode not in ("auto", "disk"):
+        raise ConfigError(
+            f"--decode-cache-dir is where auto and disk keep decoded images; "
+            f"--decode-cache {mode} writes none"
+        )
+
+
 def check_run_folder(out: str | None) -> None:
     """`--out RUN`: given, and a folder (or nothing yet), not a file."""
     if not out:
@@ -71,6 +93,24 @@ def check_run_folder(out: str | None) -> None:
 def opt(help: str, default: Any = None, **extra: Any) -> Any:
     """A config field with its `--flag` help text (and extra flag names in `flags`)."""
     return field(default=default, metadata={"help": help, **extra})
+
+
+def decode_cache_option() -> Any:
+    """The `--decode-cache` field, the same in every training command's config."""
+    return opt(
+        "decode each image file once, shrunk to a working size, and reuse it every epoch: "
+        f"auto (in memory up to {DECODE_CACHE_MEMORY_SHARE * 100:g}%% of RAM, at most "
+        f"{DECODE_CACHE_MEMORY_CAP / 2**30:g} GiB; the rest on disk) | "
+        "memory | disk (kept for later runs and --resume) | off",
+        "auto",
+    )
+
+
+def decode_cache_dir_option() -> Any:
+    """The `--decode-cache-dir` field, the same in every training command's config."""
+    return opt(
+        "folder of the on-disk decode cache, may be shared by runs (default: RUN/decode-cache)"
+    )
 
 
 @dataclass
@@ -142,6 +182,8 @@ class FitConfig:
     device: str = opt("auto | cpu | cuda", "auto")
     amp: bool = opt("mixed precision on CUDA", True)
     workers: int | None = opt("data-loading processes (default: 0 for digits, else up to 4)")
+    decode_cache: str = decode_cache_option()
+    decode_cache_dir: str | None = decode_cache_dir_option()
     seed: int = opt("random seed (data order, augmentation, initialisation)", 0)
     eval_batch_size: int = opt("images per step when embedding the held-out split", 256)
 
@@ -197,6 +239,7 @@ class FitConfig:
         self._check_pool_options()
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {self.workers}")
+        check_decode_cache(self.decode_cache, self.decode_cache_dir)
         if self.sampler not in (None, "random", "pk"):
             raise ConfigError(f"--sampler must be random or pk, got {self.sampler!r}")
         if self.method not in METHODS:

@@ -13,6 +13,7 @@ from index.datasets import Item
 from index.images import ImageDecodeError
 
 from .config import FitConfig
+from .decode_cache import DecodeCache
 from .samplers import ClassBalancedBatchSampler
 
 
@@ -49,8 +50,15 @@ def build_transforms(
     return train, evaluation
 
 
-def drop_unreadable(items: Sequence[Item], desc: str) -> tuple[list[Item], list[tuple[str, str]]]:
-    """Decode every item once; return the readable ones and (key, reason) for the rest."""
+def drop_unreadable(
+    items: Sequence[Item], desc: str, cache: DecodeCache | None = None
+) -> tuple[list[Item], list[tuple[str, str]]]:
+    """Decode every item once; return the readable ones and (key, reason) for the rest.
+
+    With `cache`, the same pass fills it: the readable file items come back as items
+    that open their working-size copy (training/decode_cache.py), so no epoch decodes
+    the files again. Items without a file are checked and kept as they are.
+    """
     good: list[Item] = []
     bad: list[tuple[str, str]] = []
     in_memory = all(item.path is None for item in items)
@@ -58,7 +66,10 @@ def drop_unreadable(items: Sequence[Item], desc: str) -> tuple[list[Item], list[
         items, desc=f"checking {desc}", unit="img", disable=None if not in_memory else True
     ):
         try:
-            item.open()
+            if cache is not None and item.path is not None:
+                item = cache.load(item)
+            else:
+                item.open()
         except ImageDecodeError as exc:
             bad.append((item.key, str(exc)))
         else:

@@ -48,6 +48,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .data import ImageDataset, drop_unreadable
+from .decode_cache import DecodeCache
 from .interrupt import deferred, loader_batches, stoppable
 from .losses import DenseContrastiveLoss, InfoNCELoss
 from .model import EmbeddingModel, build_model
@@ -146,9 +147,12 @@ def list_images(folder: str) -> list[Item]:
     return items
 
 
-def readable_images(items: list[Item], run: Path) -> list[Item]:
-    """The items that decode; the others are listed in RUN/skipped.txt."""
-    items, skipped = drop_unreadable(items, "images")
+def readable_images(items: list[Item], run: Path, cache: DecodeCache | None = None) -> list[Item]:
+    """The items that decode (opening `cache`'s copies when given); the others are
+    listed in RUN/skipped.txt."""
+    items, skipped = drop_unreadable(items, "images", cache)
+    if cache is not None and (cache.stats.decoded or cache.stats.reused):
+        print(cache.summary())
     if skipped:
         atomic_write_text(run / "skipped.txt", "".join(f"{k}\t{why}\n" for k, why in skipped))
         print(f"skipped {len(skipped)} unreadable images (listed in {run / 'skipped.txt'})")
@@ -193,7 +197,10 @@ def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
     encoder, heads = build_pretrain_model(cfg, load_pretrained=not resume)
     encoder, heads = encoder.to(device), heads.to(device)
     run.mkdir(parents=True, exist_ok=True)
-    items = readable_images(items, run)
+    cache = DecodeCache.for_run(
+        cfg.decode_cache, cfg.decode_cache_dir, run, encoder.data_config(), cfg.crop_scale
+    )
+    items = readable_images(items, run, cache)
     objective = Objective(cfg)
     optimizer = _optimizer(encoder, heads, cfg)
 

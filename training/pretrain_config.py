@@ -16,7 +16,15 @@ import yaml
 
 from index.atomic import atomic_write_text
 
-from .config import ConfigError, FitConfig, check_run_folder, opt
+from .config import (
+    ConfigError,
+    FitConfig,
+    check_decode_cache,
+    check_run_folder,
+    decode_cache_dir_option,
+    decode_cache_option,
+    opt,
+)
 
 PRETRAIN_FILE = "pretrain.yaml"
 PRETRAIN_METHODS = ("densecl++", "simclr", "densecl")
@@ -68,6 +76,8 @@ class PretrainConfig:
     device: str = opt("auto | cpu | cuda", "auto")
     amp: bool = opt("mixed precision on CUDA", True)
     workers: int | None = opt("data-loading processes (default: up to 4)")
+    decode_cache: str = decode_cache_option()
+    decode_cache_dir: str | None = decode_cache_dir_option()
     seed: int = opt("random seed (data order, augmentation, negatives, initialisation)", 0)
 
     def resolved(self) -> PretrainConfig:
@@ -128,6 +138,7 @@ class PretrainConfig:
                 raise ConfigError(f"--{_flag(name)} must {rule}, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        check_decode_cache(self.decode_cache, self.decode_cache_dir)
 
     def embedding_config(self) -> FitConfig:
         """The embedding model as a FitConfig: what `export`, `analyze` and `fit --init`

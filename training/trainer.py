@@ -35,6 +35,7 @@ from .checkpoint import (
 )
 from .config import LOSS_OPTIONS, POOL_OPTIONS, ConfigError, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
+from .decode_cache import DecodeCache
 from .evaluate import evaluate_retrieval
 from .interrupt import deferred, loader_batches, stoppable
 from .losses import create_loss
@@ -204,9 +205,16 @@ def prepare_run(
     if cfg.freeze_backbone:
         model.backbone.requires_grad_(False)
     model = model.to(device)
-    split = load_split(cfg, image_size=model.data_config()["input_size"][-1])
-    train_items, bad_train = drop_unreadable(split.train, "training images")
-    test_items, bad_test = drop_unreadable(split.test, "held-out images")
+    data_config = model.data_config()
+    split = load_split(cfg, image_size=data_config["input_size"][-1])
+    # the readability check decodes every file: the decode cache keeps what it decoded
+    cache = DecodeCache.for_run(
+        cfg.decode_cache, cfg.decode_cache_dir, run, data_config, cfg.crop_scale
+    )
+    train_items, bad_train = drop_unreadable(split.train, "training images", cache)
+    test_items, bad_test = drop_unreadable(split.test, "held-out images", cache)
+    if cache is not None and (cache.stats.decoded or cache.stats.reused):
+        print(cache.summary())
     skipped = bad_train + bad_test
     if skipped:
         atomic_write_text(
