@@ -88,13 +88,29 @@ def decoder_setting() -> str:
     return value
 
 
+_started_in: int | None = None
+"""The process that started libvips (None: not started here or in a parent)."""
+
+
+def forked_after_start() -> bool:
+    """Whether this process is a fork of one that had started libvips.
+
+    libvips runs threads of its own (even with `concurrency_set(1)`); a fork copies
+    their locks in whatever state they were, so a decode in the child can wait forever
+    (DataLoader workers forked by a training run that decoded a PNG first). Such a
+    child decodes with Pillow."""
+    return _started_in is not None and _started_in != os.getpid()
+
+
 @functools.cache
 def _load_pyvips() -> tuple[ModuleType | None, str]:
     """pyvips set up for untrusted files, or None and why not (imported once)."""
+    global _started_in
     try:
         import pyvips
     except (ImportError, OSError) as exc:
         return None, f"pyvips does not import ({exc})"
+    _started_in = os.getpid()
     try:
         pyvips.cache_set_max(0)  # a cached decode would hold memory outside the budget
         pyvips.concurrency_set(1)  # the embedder's decode threads are the parallelism
@@ -108,7 +124,7 @@ def _load_pyvips() -> tuple[ModuleType | None, str]:
 def active_decoder() -> str:
     """`vips` or `pillow`: what `open_image` decodes with under the current setting."""
     setting = decoder_setting()
-    if setting == "pillow":
+    if setting == "pillow" or forked_after_start():
         return "pillow"
     pyvips, why = _load_pyvips()
     if pyvips is None:

@@ -122,6 +122,34 @@ def test_libvips_is_used_when_installed(monkeypatch) -> None:
     assert len(calls) == count  # forced Pillow: libvips untouched
 
 
+def _decode_in_fork(png: bytes, answers) -> None:
+    answers.put((vips_decode.active_decoder(), open_image(png, draft_size=64).size))
+
+
+@needs_vips
+def test_a_fork_of_a_process_that_started_libvips_decodes_with_pillow(monkeypatch) -> None:
+    """libvips's threads do not survive a fork (DataLoader workers hang in it): a forked
+    child decodes with Pillow, and finishes."""
+    import multiprocessing
+
+    monkeypatch.delenv(vips_decode.DECODER_ENV, raising=False)
+    png = encode(photo((600, 500)), "PNG")
+    calls = counting_vips(monkeypatch)
+    size = open_image(png, draft_size=64).size
+    assert calls == [True]  # libvips started and used in this process
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    child = context.Process(target=_decode_in_fork, args=(png, answers))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung decoding a PNG")
+    assert child.exitcode == 0
+    assert answers.get(timeout=5) == ("pillow", size)
+    assert vips_decode.active_decoder() == "vips"  # the parent keeps libvips
+
+
 # -- same pixels on both paths ------------------------------------------------------------
 
 
