@@ -5,13 +5,14 @@ from an embeddings folder, one process (or remote task) per shard.
 """
 
 from .layout import SHARDS_FILE, is_sharded, shard_name, shard_of
-from .store import ShardedStore, is_index, open_index
+from .store import ShardedStore, is_index, merge_ranked, open_index
 
 __all__ = [
     "SHARDS_FILE",
     "ShardedStore",
     "is_index",
     "is_sharded",
+    "merge_ranked",
     "open_index",
     "shard_name",
     "shard_of",

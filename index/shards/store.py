@@ -171,17 +171,8 @@ class ShardedStore:
         `IndexStore.labelled_items`; more than `limit` in all is a StoreError."""
         with self._lock:
             parts = [s.labelled_items(limit) for s in self.shards]
-            n = sum(len(p[0]) for p in parts)
-            if limit is not None and n > limit:
-                raise StoreError(
-                    f"the index holds {n} labelled items, more than the {limit} allowed"
-                )
-            order = self._in_id_order([p[0] for p in parts])
-        where = {key: (i, j) for i, p in enumerate(parts) for j, key in enumerate(p[0])}
-        picks = [where[key] for key, _ in order]
-        labels = [parts[i][1][j] for i, j in picks]
-        vectors = np.stack([parts[i][2][j] for i, j in picks]) if picks else np.empty((0, self.dim))
-        return [key for key, _ in order], labels, vectors.astype(np.float32, copy=False)
+            ids = [s.item_ids(p[0]) for s, p in zip(self.shards, parts, strict=True)]
+        return merge_labelled(parts, ids, self.dim, limit)
 
     def needs_training(self) -> bool:
         return any(s.needs_training() for s in self.shards)
@@ -287,16 +278,13 @@ class ShardedStore:
         q = as_matrix(queries, self.dim, "queries")
         exclude = list(exclude_keys)
         excluded = split_by_shard(exclude, len(self.shards))
-        merged: list[list[tuple[int, Hit]]] = [[] for _ in range(len(q))]
-        for number, shard in enumerate(self.shards):
-            blocked = [exclude[i] for i in excluded.get(number, [])]
-            found = shard.ranked_search(q, int(k), label=label, exclude_keys=blocked)
-            for row, hits in zip(merged, found, strict=True):
-                row.extend(hits)
-        for row in merged:
-            row.sort(key=lambda pair: (-pair[1].score, pair[0]))
-            del row[int(k) :]
-        return merged
+        found = [
+            shard.ranked_search(
+                q, int(k), label=label, exclude_keys=[exclude[i] for i in excluded.get(n, [])]
+            )
+            for n, shard in enumerate(self.shards)
+        ]
+        return merge_ranked(found, int(k), len(q))
 
     def search(
         self,
@@ -356,40 +344,7 @@ class ShardedStore:
     def info(self) -> dict[str, Any]:
         """`IndexStore.info` over the shards: totals, each shard's segments and files
         (named inside the index folder), and the top-level files."""
-        parts = [shard.info() for shard in self.shards]
-        files = {SHARDS_FILE: mf.sha256_file(self.directory / SHARDS_FILE).to_json()}
-        for name, part in zip(self.manifest.shards, parts, strict=True):
-            files.update({f"{name}/{file}": entry for file, entry in part["files"].items()})
-        updated = [p["updated"] for p in parts if p["updated"]]
-        return {
-            "directory": str(self.directory),
-            "format_version": self.format_version,
-            "shards": len(self.shards),
-            "shard_format": f"{SHARDS_FILE} version {VERSION}, rule {RULE}",
-            "generation": [p["generation"] for p in parts],
-            "count": sum(p["count"] for p in parts),
-            "deleted": sum(p["deleted"] for p in parts),
-            "factory": self.factory,
-            "dim": self.dim,
-            "metric": mf.METRIC,
-            "fingerprint": self.fingerprint,
-            "model_file": str(self.model_path) if self.model_path else None,
-            "trained": all(p["trained"] for p in parts),
-            "search_params": parts[0]["search_params"],
-            "gpu": parts[0]["gpu"],
-            "segments": [
-                {"shard": name, **segment}
-                for name, part in zip(self.manifest.shards, parts, strict=True)
-                for segment in part["segments"]
-            ],
-            "growing": sum(p["growing"] for p in parts),
-            "bytes_on_disk": sum(entry["bytes"] for entry in files.values()),
-            "files": files,
-            "unsaved_changes": any(p["unsaved_changes"] for p in parts),
-            "journal_pending": sum(p["journal_pending"] for p in parts),
-            "created": self.manifest.created,
-            "updated": max(updated) if updated else None,
-        }
+        return combine_info(self.directory, self.manifest, [shard.info() for shard in self.shards])
 
     def close(self) -> None:
         """Close every shard (unsaved changes are lost)."""
@@ -401,6 +356,85 @@ class ShardedStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def merge_labelled(
+    parts: Sequence[tuple[list[str], list[str], np.ndarray]],
+    ids: Sequence[dict[str, int]],
+    dim: int,
+    limit: int | None = None,
+) -> tuple[list[str], list[str], np.ndarray]:
+    """Each shard's `labelled_items` with the item ids of its keys, as one (keys, labels,
+    vectors) in insertion (id) order, as one store lists them; more than `limit` items
+    in all is a StoreError."""
+    n = sum(len(part[0]) for part in parts)
+    if limit is not None and n > limit:
+        raise StoreError(f"the index holds {n} labelled items, more than the {limit} allowed")
+    order = sorted(
+        (ids[i][key], i, j) for i, part in enumerate(parts) for j, key in enumerate(part[0])
+    )
+    keys = [parts[i][0][j] for _, i, j in order]
+    labels = [parts[i][1][j] for _, i, j in order]
+    vectors = np.stack([parts[i][2][j] for _, i, j in order]) if order else np.empty((0, dim))
+    return keys, labels, vectors.astype(np.float32, copy=False)
+
+
+def combine_info(
+    directory: Path, manifest: ShardsManifest, parts: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """`IndexStore.info` of every shard (in order) as the info of the sharded index:
+    totals, each shard's segments and files (named inside the index folder), and the
+    top-level files."""
+    files = {SHARDS_FILE: mf.sha256_file(directory / SHARDS_FILE).to_json()}
+    for name, part in zip(manifest.shards, parts, strict=True):
+        files.update({f"{name}/{file}": entry for file, entry in part["files"].items()})
+    updated = [p["updated"] for p in parts if p["updated"]]
+    return {
+        "directory": str(directory),
+        "format_version": mf.FORMAT_VERSION,
+        "shards": len(parts),
+        "shard_format": f"{SHARDS_FILE} version {VERSION}, rule {RULE}",
+        "generation": [p["generation"] for p in parts],
+        "count": sum(p["count"] for p in parts),
+        "deleted": sum(p["deleted"] for p in parts),
+        "factory": manifest.factory,
+        "dim": manifest.dim,
+        "metric": mf.METRIC,
+        "fingerprint": manifest.fingerprint,
+        "model_file": parts[0]["model_file"],
+        "trained": all(p["trained"] for p in parts),
+        "search_params": parts[0]["search_params"],
+        "gpu": parts[0]["gpu"],
+        "segments": [
+            {"shard": name, **segment}
+            for name, part in zip(manifest.shards, parts, strict=True)
+            for segment in part["segments"]
+        ],
+        "growing": sum(p["growing"] for p in parts),
+        "bytes_on_disk": sum(entry["bytes"] for entry in files.values()),
+        "files": files,
+        "unsaved_changes": any(p["unsaved_changes"] for p in parts),
+        "journal_pending": sum(p["journal_pending"] for p in parts),
+        "created": manifest.created,
+        "updated": max(updated) if updated else None,
+    }
+
+
+def merge_ranked(
+    per_shard: Sequence[Sequence[Sequence[tuple[int, Hit]]]], k: int, queries: int
+) -> list[list[tuple[int, Hit]]]:
+    """Each shard's ranked top k (per query, `IndexStore.ranked_search`'s answer) merged
+    into one top k per query: descending score, equal scores by ascending item id (ids
+    are numbered across the shards, so this is the order one store would give). Every
+    reader of a sharded index merges with this, in one process or across a cluster."""
+    merged: list[list[tuple[int, Hit]]] = [[] for _ in range(queries)]
+    for found in per_shard:
+        for row, hits in zip(merged, found, strict=True):
+            row.extend(hits)
+    for row in merged:
+        row.sort(key=lambda pair: (-pair[1].score, pair[0]))
+        del row[k:]
+    return merged
 
 
 def is_index(directory: str | os.PathLike[str]) -> bool:
