@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 from fastapi import FastAPI
 
@@ -26,6 +27,8 @@ from .settings import Settings, get_settings
 from .state import ServiceState
 
 logger = logging.getLogger("vitrieval.service")
+
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
 def create_app(settings: Settings | None = None, state: ServiceState | None = None) -> FastAPI:
@@ -65,6 +68,14 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
             await asyncio.to_thread(final_save, loaded)
             loaded.close()
 
+    return build_app(settings, metrics, lifespan)
+
+
+def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -> FastAPI:
+    """The service's routes, error handlers and request edge (middleware) around
+    `lifespan`, which puts the served state in `app.state.service` and sets `ready`:
+    `create_app`'s for a model and index loaded in this process, the Ray Serve
+    ingress's (distributed.serve) for deployments elsewhere."""
     app = FastAPI(
         title="vitrieval",
         version=__version__,

@@ -24,6 +24,7 @@ from index.store import IndexStore
 
 from .batching import DynamicBatcher
 from .errors import ApiError, image_error
+from .index_access import IndexAccess, LocalIndex
 from .inputs import ImageUpload
 from .metrics import ServiceMetrics
 from .settings import Settings
@@ -55,6 +56,11 @@ class Timings:
 
 @dataclass
 class ServiceState:
+    """The model and index loaded in this process. The routes reach the index through
+    `index` (service.index_access) and embed through `embed_bytes` / `embed_upload`; the
+    Ray Serve ingress (distributed.serve) gives them an object with the same surface
+    whose index and model live in other processes."""
+
     settings: Settings
     embedder: Embedder
     store: IndexStore | ShardedStore  # one store, or a sharded index (index.shards)
@@ -66,6 +72,10 @@ class ServiceState:
     ready: bool = False
     started: float = field(default_factory=time.time)
     evaluating: asyncio.Lock = field(default_factory=asyncio.Lock)
+    index: IndexAccess = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.index = LocalIndex(self.store)
 
     @classmethod
     def load(cls, settings: Settings, metrics: ServiceMetrics | None = None) -> ServiceState:
@@ -130,17 +140,7 @@ class ServiceState:
         return state
 
     def _self_check(self) -> dict[str, Any]:
-        """Embed a synthetic image and check what comes back: finite, unit norm, the
-        index's dimension. Run once at start; /readyz reports it."""
-        ramp = np.linspace(0, 255, 64 * 64 * 3).reshape(64, 64, 3).astype(np.uint8)
-        image = self.embedder.prepare(_png_bytes(Image.fromarray(ramp)))
-        vector = self.embedder.embed_arrays(image[None])[0]
-        norm = float(np.linalg.norm(vector))
-        if not np.all(np.isfinite(vector)) or abs(norm - 1) > 1e-3:
-            raise RuntimeError(f"the model returned a non-unit embedding (norm {norm})")
-        if vector.shape != (self.store.dim,):
-            raise RuntimeError(f"the model embeds {vector.shape}, the index holds {self.store.dim}")
-        return {"embedding_norm": round(norm, 6), "dim": int(vector.shape[0]), "passed": True}
+        return self_check(self.embedder, self.store.dim)
 
     # -- the query pipeline --------------------------------------------------------------
 
@@ -149,18 +149,9 @@ class ServiceState:
         call the image `name`."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        try:
-            image = await loop.run_in_executor(
-                self.decode_pool, self.embedder.prepare, data, self.decode_budget
-            )
-        except DecodeBudgetBusy as exc:
-            raise ApiError(
-                503, "overloaded", f"{exc}; retry shortly", {"Retry-After": "1"}
-            ) from None
-        except (MemoryError, RuntimeError):
-            raise  # the server's trouble (memory, a pool shut down), not the image's
-        except Exception as exc:  # hostile files make PIL plugins raise assorted types
-            raise image_error(exc, name) from None
+        image = await loop.run_in_executor(
+            self.decode_pool, prepare_image, self.embedder, data, self.decode_budget, name
+        )
         timings.decode = _elapsed_ms(started)
         self.metrics.observe_stage("decode", timings.decode / 1000)
         return image
@@ -197,21 +188,51 @@ class ServiceState:
         return path, True
 
     def check_vector(self, values: list[float]) -> np.ndarray:
-        vector = np.asarray(values, dtype=np.float32)
-        if vector.shape != (self.store.dim,):
-            raise ApiError(
-                422,
-                "bad_vector",
-                f"vector has {vector.size} values, the index is {self.store.dim}-d",
-            )
-        norm = float(np.linalg.norm(vector))
-        if not np.isfinite(norm) or norm == 0:
-            raise ApiError(422, "bad_vector", "vector must be finite and non-zero")
-        return vector / norm
+        return check_vector(values, self.store.dim)
 
     def close(self) -> None:
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
+
+
+def self_check(embedder: Embedder, dim: int) -> dict[str, Any]:
+    """Embed a synthetic image and check what comes back: finite, unit norm, `dim` (the
+    index's). Run once at start; /readyz reports it. RuntimeError says what is wrong."""
+    ramp = np.linspace(0, 255, 64 * 64 * 3).reshape(64, 64, 3).astype(np.uint8)
+    image = embedder.prepare(_png_bytes(Image.fromarray(ramp)))
+    vector = embedder.embed_arrays(image[None])[0]
+    norm = float(np.linalg.norm(vector))
+    if not np.all(np.isfinite(vector)) or abs(norm - 1) > 1e-3:
+        raise RuntimeError(f"the model returned a non-unit embedding (norm {norm})")
+    if vector.shape != (dim,):
+        raise RuntimeError(f"the model embeds {vector.shape}, the index holds {dim}")
+    return {"embedding_norm": round(norm, 6), "dim": int(vector.shape[0]), "passed": True}
+
+
+def prepare_image(
+    embedder: Embedder, data: bytes, budget: DecodeBudget, name: str = "the image"
+) -> np.ndarray:
+    """Encoded image -> preprocessed float32 (3, S, S), its decode's memory reserved in
+    `budget`; what is wrong with the image is an ApiError that calls it `name`."""
+    try:
+        return embedder.prepare(data, budget)
+    except DecodeBudgetBusy as exc:
+        raise ApiError(503, "overloaded", f"{exc}; retry shortly", {"Retry-After": "1"}) from None
+    except (MemoryError, RuntimeError):
+        raise  # the server's trouble (memory, a pool shut down), not the image's
+    except Exception as exc:  # hostile files make PIL plugins raise assorted types
+        raise image_error(exc, name) from None
+
+
+def check_vector(values: list[float], dim: int) -> np.ndarray:
+    """A query vector from a client, checked against the index's `dim` and normalised."""
+    vector = np.asarray(values, dtype=np.float32)
+    if vector.shape != (dim,):
+        raise ApiError(422, "bad_vector", f"vector has {vector.size} values, the index is {dim}-d")
+    norm = float(np.linalg.norm(vector))
+    if not np.isfinite(norm) or norm == 0:
+        raise ApiError(422, "bad_vector", "vector must be finite and non-zero")
+    return vector / norm
 
 
 def _elapsed_ms(started: float) -> float:

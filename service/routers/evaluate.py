@@ -51,9 +51,7 @@ async def evaluate(request: Request, state: ServiceDep) -> dict[str, Any]:
 
 async def _evaluate(state: ServiceState, body: EvaluateRequest) -> dict[str, Any]:
     try:
-        _, labels, vectors = await asyncio.to_thread(
-            state.store.labelled_items, state.settings.max_evaluate_items
-        )
+        _, labels, vectors = await state.index.labelled_items(state.settings.max_evaluate_items)
     except StoreError as exc:
         raise ApiError(
             413, "too_many_items", f"{exc}; evaluate offline with vitrieval-index bench"

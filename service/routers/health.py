@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -33,7 +32,7 @@ async def readyz(request: Request) -> Any:
     state = getattr(request.app.state, "service", None)
     if state is None or not state.ready:
         return JSONResponse({"status": "loading", "checks": {}}, status_code=503)
-    damaged = state.store.damaged_segments()
+    damaged = await state.index.damaged_segments()
     checks = {
         "model": True,
         "index": not damaged,
@@ -58,7 +57,7 @@ async def readyz(request: Request) -> Any:
 )
 async def info(state: ServiceDep) -> dict[str, Any]:
     meta = state.embedder.metadata
-    index = await asyncio.to_thread(state.store.info)  # waits out a running save
+    index = await state.index.info()
     settings = state.settings
     return {
         "version": __version__,

@@ -67,9 +67,8 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
         vector, path, created = state.check_vector(item.vector), None, False
     metadata = item.metadata or {}
     try:
-        replaced = item.replace and await asyncio.to_thread(state.store.__contains__, item.key)
-        await asyncio.to_thread(
-            state.store.add,
+        replaced = item.replace and await state.index.contains(item.key)
+        await state.index.add(
             [item.key],
             vector[None, :],
             labels=[item.label],
@@ -102,7 +101,7 @@ async def thumbnail(
     state: ServiceDep,
     size: Annotated[int, Query(ge=16, le=512, description="longest side, pixels")] = 160,
 ) -> Response:
-    record = await asyncio.to_thread(state.store.get, key)
+    record = await state.index.get(key)
     if record is None:
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")
     if record.path is None:
@@ -126,7 +125,7 @@ async def get_item(
     state: ServiceDep,
     vector: Annotated[bool, Query(description="include the stored vector")] = False,
 ) -> ItemOut:
-    record = await asyncio.to_thread(state.store.get, key)
+    record = await state.index.get(key)
     if record is None:
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")
     return ItemOut(
@@ -147,7 +146,7 @@ async def get_item(
 )
 async def delete_item(key: KeyPath, state: ServiceDep) -> ItemDeleted:
     try:
-        removed = await asyncio.to_thread(state.store.remove, [key])
+        removed = await state.index.remove([key])
     except StoreError as exc:
         raise _store_error(exc, key) from None
     if not removed:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import numpy as np
@@ -47,7 +46,7 @@ async def search(request: Request, state: ServiceDep) -> SearchResponse:
         vector = await state.embed_upload(image, timings)
     elif query.key is not None:
         kind = "key"
-        record = await asyncio.to_thread(state.store.get, query.key)
+        record = await state.index.get(query.key)
         if record is None:
             raise ApiError(404, "unknown_key", f"no item with key {query.key!r}")
         vector = record.vector
@@ -69,9 +68,7 @@ async def _search(
 ) -> list[HitOut]:
     started = time.perf_counter()
     try:
-        rows = await asyncio.to_thread(
-            state.store.search, vector[None, :], k, label=label, exclude_keys=exclude
-        )
+        rows = await state.index.search(vector[None, :], k, label=label, exclude_keys=exclude)
     except StoreError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from None
     timings.search = (time.perf_counter() - started) * 1000
