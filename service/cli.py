@@ -12,8 +12,12 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 # flags named after Settings fields; each field also reads VITRIEVAL_<FIELD>
 _SETTINGS_FLAGS = (
@@ -68,7 +72,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
     )
+    _add_ray_options(parser)
     return parser
+
+
+def _add_ray_options(parser: argparse.ArgumentParser) -> None:
+    """--ray ADDRESS and the replica counts of the Ray Serve application (docs/scale.md,
+    distributed/serve); the names and defaults live there, imported here only."""
+    from distributed.cluster import ADDRESS_HELP
+    from distributed.serve.options import DEFAULT_EMBED_REPLICAS, DEFAULT_SHARD_REPLICAS
+
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help=f"serve as a Ray Serve application (read-only): {ADDRESS_HELP}",
+    )
+    parser.add_argument(
+        "--embed-replicas",
+        type=int,
+        default=DEFAULT_EMBED_REPLICAS,
+        metavar="N",
+        help=f"with --ray: replicas of the model (default {DEFAULT_EMBED_REPLICAS})",
+    )
+    parser.add_argument(
+        "--shard-replicas",
+        type=int,
+        default=DEFAULT_SHARD_REPLICAS,
+        metavar="N",
+        help=f"with --ray: replicas of each index shard (default {DEFAULT_SHARD_REPLICAS})",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         print(f"vitrieval-serve: {message}", file=sys.stderr)
         return 2
+    if args.ray is not None:
+        return _serve_on_ray(args, settings)
     try:
         listener = _listen(settings.host, settings.port)
     except OSError as exc:
@@ -138,6 +172,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     uvicorn.Server(config).run(sockets=[listener])
     return 0
+
+
+def _serve_on_ray(args: argparse.Namespace, settings: Settings) -> int:
+    """`--ray ADDRESS`: the same API as a Ray Serve application (distributed.serve)."""
+    from distributed.cluster import ClusterError, import_ray, parse_address
+
+    problem = None
+    if not settings.read_only:
+        problem = (
+            "--ray serves read-only: add --read-only (mutations go to one single-process "
+            "vitrieval-serve on the index; the Ray replicas follow its commits)"
+        )
+    elif settings.workers > 1:
+        problem = (
+            "--ray sets its processes with --embed-replicas and --shard-replicas, not --workers"
+        )
+    else:
+        try:  # the port is Ray Serve's proxy's to bind: say now if it is taken
+            _listen(settings.host, settings.port).close()
+        except OSError as exc:
+            problem = f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+    if problem:
+        print(f"vitrieval-serve: {problem}", file=sys.stderr)
+        return 2
+    try:
+        parse_address(args.ray)
+        import_ray()
+    except ClusterError as exc:
+        print(f"vitrieval-serve: {exc}", file=sys.stderr)
+        return 2
+    from distributed.serve.run import serve_on_ray
+
+    return serve_on_ray(
+        settings,
+        args.ray,
+        embed_replicas=args.embed_replicas,
+        shard_replicas=args.shard_replicas,
+    )
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -1,0 +1,19 @@
+"""`vitrieval-serve --ray ADDRESS`: the HTTP search service as a Ray Serve application.
+
+The same HTTP API as the single-process server (service/), in three kinds of
+deployments (docs/scale.md, "Serving with Ray Serve"):
+
+- `embedder`: the model, `--embed-replicas` replicas (one GPU each on a cluster with
+  GPUs), decoding uploads and embedding them in batches (`@serve.batch`);
+- `shard-NNN`: one deployment per shard of the index (a single store is one shard),
+  `--shard-replicas` replicas each, every replica the shard opened read-only and
+  reopened when a new commit appears;
+- `ingress`: the service's FastAPI app (`service.app.build_app`: the same routes,
+  middleware and JSON errors) whose index and model calls go to the deployments above;
+  a search asks every shard for its top k and merges them with
+  `index.shards.merge_ranked`, as `ShardedStore` does in one process.
+
+`options` holds the defaults and needs no Ray; `replicas`, `ingress` and `run` import
+Ray at module level (their classes are Serve deployments) and are imported only once
+`distributed.cluster.import_ray` has found it.
+"""

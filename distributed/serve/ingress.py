@@ -1,0 +1,239 @@
+"""The ingress deployment: the service's FastAPI app (`service.app.build_app`) whose
+model and index are the embedder and shard deployments.
+
+`IngressState` has the surface the routes use on `ServiceState` (settings, metrics,
+`index`, `embed_upload`, `check_vector`, the model's description, readiness), so the
+routes, middleware and error handlers are the single-process server's own. Its
+`RemoteIndex` fans a search out to every shard and merges the top k with
+`index.shards.merge_ranked`; a lookup goes to the shard that owns the key
+(`index.shards.shard_of`). Read-only: the mutation routes answer 403 before they get
+here, as on a single-process server started with --read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from fastapi import FastAPI
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from index.shards import merge_ranked, shard_of
+from index.shards.layout import read_shards_manifest, split_by_shard
+from index.shards.store import combine_info, merge_labelled
+from index.store import Hit, ItemRecord
+from service.app import build_app
+from service.errors import ApiError
+from service.inputs import ImageUpload
+from service.metrics import ServiceMetrics
+from service.settings import Settings
+from service.state import Timings, check_vector
+
+from .options import REMOTE_TIMEOUT_S, STATS_POLL_S
+from .replicas import ErrorAnswer, ModelInfo
+
+logger = logging.getLogger("vitrieval.serve")
+
+T = TypeVar("T")
+
+
+async def remote(response: Awaitable[T], what: str) -> T:
+    """The answer of one deployment call, or the service's JSON 503 when the deployment
+    cannot answer: its queue full (Serve's back-pressure), no replica up, the replica
+    dead mid-call (Serve does not retry a call that reached a replica) or no answer
+    within REMOTE_TIMEOUT_S."""
+    try:
+        return await asyncio.wait_for(response, REMOTE_TIMEOUT_S)
+    except BackPressureError:
+        raise ApiError(
+            503, "overloaded", f"the {what} is busy; retry shortly", {"Retry-After": "1"}
+        ) from None
+    except (RayActorError, DeploymentUnavailableError, TimeoutError) as exc:
+        logger.warning("the %s did not answer: %s", what, type(exc).__name__)
+        raise ApiError(
+            503, "unavailable", f"the {what} is unavailable; retry shortly", {"Retry-After": "1"}
+        ) from None
+
+
+class RemoteIndex:
+    """`service.index_access.IndexAccess` over the shard deployments."""
+
+    def __init__(self, shards: Sequence[DeploymentHandle], directory: Path, dim: int) -> None:
+        self.shards = list(shards)
+        self.directory = directory
+        self.dim = dim
+        # a sharded index has shards.json; a single store is served as one shard
+        self.manifest = read_shards_manifest(directory) if len(shards) > 1 else None
+
+    def _owner(self, key: str) -> tuple[DeploymentHandle, str]:
+        shard = shard_of(key, len(self.shards))
+        return self.shards[shard], f"index shard {shard}"
+
+    async def get(self, key: str) -> ItemRecord | None:
+        handle, what = self._owner(key)
+        return await remote(handle.get.remote(key), what)
+
+    async def contains(self, key: str) -> bool:
+        handle, what = self._owner(key)
+        return await remote(handle.contains.remote(key), what)
+
+    async def search(
+        self, queries: np.ndarray, k: int, *, label: str | None, exclude_keys: Sequence[str]
+    ) -> list[list[Hit]]:
+        exclude = list(exclude_keys)
+        excluded = split_by_shard(exclude, len(self.shards))
+        calls = [
+            remote(
+                handle.ranked_search.remote(
+                    queries, k, label, [exclude[i] for i in excluded.get(n, [])]
+                ),
+                f"index shard {n}",
+            )
+            for n, handle in enumerate(self.shards)
+        ]
+        found = await asyncio.gather(*calls)
+        return [[h for _, h in row] for row in merge_ranked(found, k, len(queries))]
+
+    async def add(self, *args: Any, **kwargs: Any) -> None:
+        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
+
+    async def remove(self, keys: Sequence[str]) -> int:
+        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
+
+    async def labelled_items(self, limit: int | None) -> tuple[list[str], list[str], np.ndarray]:
+        answers = await asyncio.gather(
+            *(
+                remote(handle.labelled_items.remote(limit), f"index shard {n}")
+                for n, handle in enumerate(self.shards)
+            )
+        )
+        return merge_labelled([a[0] for a in answers], [a[1] for a in answers], self.dim, limit)
+
+    async def info(self) -> dict[str, Any]:
+        parts = await asyncio.gather(
+            *(remote(h.info.remote(), f"index shard {n}") for n, h in enumerate(self.shards))
+        )
+        if self.manifest is None:
+            return parts[0]
+        return await asyncio.to_thread(combine_info, self.directory, self.manifest, parts)
+
+    async def stats(self) -> tuple[int, list[tuple[Any, str]]]:
+        """(live items, damaged segments named as the single-process server names them)."""
+        answers = await asyncio.gather(
+            *(remote(h.stats.remote(), f"index shard {n}") for n, h in enumerate(self.shards))
+        )
+        if self.manifest is None:
+            return answers[0]
+        damaged = [
+            (f"{name}/{number}", reason)
+            for name, (_, part) in zip(self.manifest.shards, answers, strict=True)
+            for number, reason in part
+        ]
+        return sum(count for count, _ in answers), damaged
+
+    async def damaged_segments(self) -> list[tuple[Any, str]]:
+        return (await self.stats())[1]
+
+
+@dataclass
+class _Alive:
+    """`batcher.alive` for /readyz: Serve restarts a dead embedder replica itself."""
+
+    alive: bool = True
+
+
+@dataclass
+class IngressState:
+    """What the routes use of `service.state.ServiceState`, backed by deployments."""
+
+    settings: Settings
+    metrics: ServiceMetrics
+    embedder: ModelInfo
+    index: RemoteIndex
+    model: DeploymentHandle
+    batcher: _Alive = field(default_factory=_Alive)
+    ready: bool = False
+    started: float = field(default_factory=time.time)
+    evaluating: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def self_check(self) -> dict[str, Any]:
+        return self.embedder.self_check
+
+    async def embed_bytes(
+        self, data: bytes, timings: Timings, name: str = "the image"
+    ) -> np.ndarray:
+        answer = await remote(self.model.embed_image.remote(data, name), "model")
+        if isinstance(answer, ErrorAnswer):
+            raise answer.error()
+        timings.decode, timings.embed = answer.decode_ms, answer.embed_ms
+        self.metrics.observe_stage("decode", answer.decode_ms / 1000)
+        self.metrics.observe_stage("embed", answer.embed_ms / 1000)
+        return answer.vector
+
+    async def embed_upload(self, upload: ImageUpload, timings: Timings) -> np.ndarray:
+        return await self.embed_bytes(upload.data, timings, upload.name)
+
+    def check_vector(self, values: list[float]) -> np.ndarray:
+        return check_vector(values, self.index.dim)
+
+    def save_upload(self, data: bytes) -> tuple[Path | None, bool]:
+        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
+
+
+@serve.ingress()
+class Ingress:
+    """The HTTP entry point: `build_app` around a lifespan that connects to the model and
+    shard deployments (Serve passes their handles) instead of loading them."""
+
+    def __init__(
+        self, settings: Settings, model: DeploymentHandle, shards: list[DeploymentHandle]
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.shards = shards
+        self.metrics = ServiceMetrics()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_app(self.settings, self.metrics, self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        settings, metrics = self.settings, self.metrics
+        info: ModelInfo = await self.model.describe.remote()
+        assert settings.index is not None
+        index = RemoteIndex(self.shards, Path(settings.index), info.dim)
+        state = IngressState(settings, metrics, info, index, self.model)
+        app.state.service = state
+        state.ready = True
+        metrics.ready.set(1)
+        stats = asyncio.create_task(_refresh_stats(state), name="vitrieval-stats")
+        try:
+            yield
+        finally:
+            state.ready = False
+            metrics.ready.set(0)
+            stats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stats
+
+
+async def _refresh_stats(state: IngressState) -> None:
+    """Keep the index gauges of /metrics current (they are read at scrape time, which
+    cannot wait for the shards)."""
+    while True:
+        with contextlib.suppress(ApiError):
+            items, damaged = await state.index.stats()
+            state.metrics.index_items.set(items)
+            state.metrics.damaged_segments.set(len(damaged))
+        await asyncio.sleep(STATS_POLL_S)

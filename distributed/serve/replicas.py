@@ -1,0 +1,221 @@
+"""The model and index deployments of the Ray Serve application: `EmbedderReplica` and
+`ShardReplica` (wrapped by `serve.deployment` in `distributed.serve.run`, which sets
+their replicas and resources).
+
+Both answer plain values (arrays, dataclasses, tuples): what is wrong with a client's
+image comes back as an `ErrorAnswer`, not an exception, so the ingress answers the
+same JSON error as the single-process server without unpicking Ray's error wrapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from index.embedder import Embedder
+from index.images import DecodeBudget
+from index.model_metadata import ModelMetadata
+from index.store import Hit, IndexStore, ItemRecord
+from index.store import manifest as mf
+from service.errors import ApiError
+from service.settings import Settings
+from service.state import prepare_image, self_check
+
+from .options import FOLLOW_POLL_S
+
+logger = logging.getLogger("vitrieval.serve")
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """An ApiError as data (an exception with its own constructor does not pickle)."""
+
+    status: int
+    code: str
+    detail: str
+    headers: dict[str, str] | None = None
+
+    def error(self) -> ApiError:
+        return ApiError(self.status, self.code, self.detail, self.headers)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """One image embedded: the unit vector and the milliseconds of each stage."""
+
+    vector: np.ndarray
+    decode_ms: float
+    embed_ms: float
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What /v1/info and /v1/embed report about the served model."""
+
+    metadata: ModelMetadata
+    fingerprint: str
+    dim: int
+    model_path: Path
+    provider: str
+    self_check: dict[str, Any]
+
+
+class EmbedderReplica:
+    """The model: decodes uploads in a thread pool (under the decode memory budget, as
+    the single-process server does) and embeds concurrent requests in one model call
+    (`@serve.batch`, sized from the settings)."""
+
+    def __init__(self, settings: Settings, device: str, threads: int, dim: int) -> None:
+        self.settings = settings
+        self.embedder = Embedder(
+            settings.model,
+            device=device,
+            batch_size=settings.max_batch_size,
+            intra_op_threads=threads,
+            max_pixels=settings.max_pixels,
+            spin_wait=settings.ort_spin_wait,
+        )
+        self.info = ModelInfo(
+            metadata=self.embedder.metadata,
+            fingerprint=self.embedder.fingerprint,
+            dim=self.embedder.dim,
+            model_path=self.embedder.model_path,
+            provider=self.embedder.provider,
+            self_check=self_check(self.embedder, dim),
+        )
+        self.decode_pool = ThreadPoolExecutor(
+            settings.decode_threads, thread_name_prefix="vitrieval-decode"
+        )
+        self.decode_budget = DecodeBudget(
+            settings.decode_memory_bytes, wait_s=min(10.0, settings.request_timeout_s)
+        )
+        # one model call at a time, each on all of ONNX Runtime's threads
+        self.model_pool = ThreadPoolExecutor(1, thread_name_prefix="vitrieval-model")
+        batch_size = settings.max_batch_size if settings.batching else 1
+        self._embed_batch.set_max_batch_size(batch_size)
+        self._embed_batch.set_batch_wait_timeout_s(settings.max_batch_wait_ms / 1000)
+
+    def describe(self) -> ModelInfo:
+        return self.info
+
+    async def embed_image(self, data: bytes, name: str) -> Embedded | ErrorAnswer:
+        """Encoded image -> its embedding, or what is wrong with it."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            image = await loop.run_in_executor(
+                self.decode_pool, prepare_image, self.embedder, data, self.decode_budget, name
+            )
+        except ApiError as exc:
+            return ErrorAnswer(exc.status, exc.code, exc.detail, exc.headers)
+        decoded = time.perf_counter()
+        vector = await self._embed_batch(image)
+        return Embedded(
+            vector,
+            decode_ms=(decoded - started) * 1000,
+            embed_ms=(time.perf_counter() - decoded) * 1000,
+        )
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+    async def _embed_batch(self, images: list[np.ndarray]) -> list[np.ndarray]:
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(
+            self.model_pool, self.embedder.embed_arrays, np.stack(images)
+        )
+        return list(out)
+
+
+class ShardReplica:
+    """One shard of the index (or the whole of a single store), opened read-only from
+    its last commit and reopened when a writer commits a new one (the manifest polled
+    every FOLLOW_POLL_S)."""
+
+    def __init__(self, directory: str, fingerprint: str | None, dim: int) -> None:
+        self.directory = Path(directory)
+        self.fingerprint = fingerprint
+        self.dim = dim
+        self.stamp = self._manifest_stamp()
+        self.store = self._open()
+        self._follow: asyncio.Task[None] | None = None
+
+    def _open(self) -> IndexStore:
+        return IndexStore.open(
+            self.directory, fingerprint=self.fingerprint, dim=self.dim, journal=False
+        )
+
+    def _manifest_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.directory / mf.MANIFEST)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _ensure_following(self) -> None:
+        # the constructor runs outside the replica's event loop: start on first use
+        if self._follow is None:
+            self._follow = asyncio.get_running_loop().create_task(self._follow_commits())
+
+    async def _follow_commits(self) -> None:
+        while True:
+            await asyncio.sleep(FOLLOW_POLL_S)
+            stamp = self._manifest_stamp()
+            if stamp is None or stamp == self.stamp:
+                continue
+            try:
+                fresh = await asyncio.to_thread(self._open)
+            except Exception:  # a commit being replaced under us: the next poll retries
+                logger.warning("reopening %s failed; retrying", self.directory, exc_info=True)
+                continue
+            old, self.store, self.stamp = self.store, fresh, stamp
+            logger.info("%s: now serving generation %s", self.directory, fresh.info()["generation"])
+            # searches in flight finish on the old store before it is closed
+            await asyncio.sleep(FOLLOW_POLL_S)
+            with contextlib.suppress(Exception):
+                old.close()
+
+    async def ranked_search(
+        self, queries: np.ndarray, k: int, label: str | None, exclude_keys: list[str]
+    ) -> list[list[tuple[int, Hit]]]:
+        self._ensure_following()
+        return await asyncio.to_thread(
+            self.store.ranked_search, queries, k, label=label, exclude_keys=exclude_keys
+        )
+
+    async def get(self, key: str) -> ItemRecord | None:
+        self._ensure_following()
+        return await asyncio.to_thread(self.store.get, key)
+
+    async def contains(self, key: str) -> bool:
+        return await asyncio.to_thread(self.store.__contains__, key)
+
+    async def labelled_items(
+        self, limit: int | None
+    ) -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]]:
+        """`IndexStore.labelled_items` and the item ids of those keys (what orders the
+        items of several shards, `index.shards.store.merge_labelled`)."""
+
+        def read() -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]]:
+            store = self.store
+            part = store.labelled_items(limit)
+            return part, store.item_ids(part[0])
+
+        return await asyncio.to_thread(read)
+
+    async def info(self) -> dict[str, Any]:
+        self._ensure_following()
+        return await asyncio.to_thread(self.store.info)
+
+    async def stats(self) -> tuple[int, list[tuple[int, str]]]:
+        """(live items, damaged segments): what /readyz and /metrics need, lock-free."""
+        self._ensure_following()
+        return len(self.store), self.store.damaged_segments()

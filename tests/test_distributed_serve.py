@@ -1,0 +1,326 @@
+"""`vitrieval-serve --ray ADDRESS`: the Ray Serve application answers as the
+single-process server does (distributed/serve), and recovers from a dead replica.
+
+Serve takes 15-20 s to start on 2 cores, so each index is served once per module: a
+single store by the command exactly as documented (`--ray local`: its own cluster),
+a 3-shard index by the same command joining the session's cluster (`--ray auto`), where
+the test can find a replica's actor and kill it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from ray_cluster import NO_RAY, ray_missing
+from serving import REPO, free_port
+
+from index.datasets import csv_list
+from index.embeddings import write_part
+from index.shards.build import build_shard, build_sharded
+from index.store import IndexStore
+from service.app import create_app
+from service.settings import Settings
+
+K = 6
+START_TIMEOUT_S = 150
+RECOVERY_BOUND_S = 60
+
+
+class RayServe:
+    """`vitrieval-serve --ray ADDRESS --model M --index DIR --host 127.0.0.1 --port P
+    --read-only` in its own process group (what Ray starts for it ends with it)."""
+
+    def __init__(self, model: Path, index: Path, address: str, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [
+            sys.executable, "-m", "service.cli", "--ray", address,
+            "--model", str(model), "--index", str(index),
+            "--host", "127.0.0.1", "--port", str(self.port), "--read-only",
+            "--log-level", "warning",
+        ]  # fmt: skip
+        self.log = index.parent / f"ray-serve-{self.port}.log"
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen(
+                command,
+                cwd=REPO,
+                env={**os.environ, **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started = time.monotonic()
+
+    def wait_ready(self) -> float:
+        """Seconds from the command's start to /readyz 200."""
+        while time.monotonic() - self.started < START_TIMEOUT_S:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"exited with {self.process.returncode}: {self.output()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return time.monotonic() - self.started
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"not ready after {START_TIMEOUT_S} s: {self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int | None:
+        """SIGTERM (the command shuts Serve down, and a local cluster), then whatever
+        of its process group is left (Ray's agents outlive their raylet a while)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.wait(10)
+        return self.process.returncode
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory, digits_gallery) -> dict[str, Path]:
+    """The digits gallery as one store (a copy) and as 3 shards of the same items."""
+    root = tmp_path_factory.mktemp("ray_serve")
+    one = Path(shutil.copytree(digits_gallery["index"], root / "one"))
+    source = IndexStore.open(one)
+    keys = source.keys()
+    records = [source.get(key) for key in keys]
+    emb = root / "emb"
+    write_part(
+        emb / "part-00000.parquet",
+        keys,
+        np.stack([r.vector for r in records]),
+        labels=[r.label for r in records],
+        paths=[r.path for r in records],
+    )
+    (emb / "embeddings.json").write_text(
+        json.dumps({"dim": source.dim, "model_fingerprint": source.fingerprint})
+    )
+    source.close()
+    sharded = root / "sharded"
+    build_sharded(
+        emb,
+        sharded,
+        str(digits_gallery["model"]),
+        "Flat",
+        3,
+        50,
+        lambda jobs: [build_shard(**job) for job in jobs],
+    )
+    return {"one": one, "sharded": sharded}
+
+
+@pytest.fixture(scope="module")
+def query(digits_gallery) -> bytes:
+    return Path(csv_list(digits_gallery["list"])[7].path).read_bytes()
+
+
+def search(client: httpx.Client | TestClient, url: str, image: bytes) -> httpx.Response:
+    return client.post(
+        f"{url}/v1/search", files={"image": ("q.png", image, "image/png")}, data={"k": str(K)}
+    )
+
+
+def single_process_answers(model: Path, index: Path, image: bytes) -> dict:
+    """What the single-process server answers: the hits and a bad upload's error."""
+    settings = Settings(model=model, index=index, read_only=True)
+    with TestClient(create_app(settings)) as client:
+        hits = search(client, "", image).json()["hits"]
+        bad = search(client, "", b"not an image at all")
+    return {"hits": hits, "bad": (bad.status_code, bad.json())}
+
+
+def assert_same_answers(url: str, expected: dict, image: bytes) -> None:
+    with httpx.Client(timeout=30) as client:
+        answer = search(client, url, image)
+        assert answer.status_code == 200, answer.text
+        hits = answer.json()["hits"]
+        assert [h["key"] for h in hits] == [h["key"] for h in expected["hits"]]
+        np.testing.assert_allclose(
+            [h["score"] for h in hits], [h["score"] for h in expected["hits"]], atol=1e-5
+        )
+        bad = search(client, url, b"not an image at all")
+        assert (bad.status_code, bad.json()) == expected["bad"]
+        assert client.post(f"{url}/v1/items", json={"key": "x"}).status_code == 403
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(ray_missing(), reason=NO_RAY)
+def test_ray_local_serves_a_store_as_the_single_process_server(indexes, query, digits_gallery):
+    model = digits_gallery["model"]
+    expected = single_process_answers(model, indexes["one"], query)
+    server = RayServe(model, indexes["one"], "local")
+    try:
+        print(f"--ray local: ready {server.wait_ready():.1f} s after the command started")
+        assert_same_answers(server.url, expected, query)
+    finally:
+        code = server.stop()
+    assert code == 0, server.output()
+
+
+def _kill_one_replica(deployment: str) -> str:
+    """ray.kill on a replica of `deployment`'s actor, found by its name (Serve names
+    them SERVE_REPLICA::APP#DEPLOYMENT#ID); Serve's controller replaces it."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::vitrieval#{deployment}#"
+    names = [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve" and actor["name"].startswith(prefix)
+    ]
+    assert names, f"no replica of {deployment}"
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=False)
+    return names[0]
+
+
+@pytest.fixture(scope="module")
+def sharded_on_session_cluster(indexes, digits_gallery, ray_address) -> Iterator[RayServe]:
+    from ray import serve
+
+    server = RayServe(
+        digits_gallery["model"], indexes["sharded"], "auto", env={"RAY_ADDRESS": ray_address}
+    )
+    try:
+        print(f"--ray auto, 3 shards: ready {server.wait_ready():.1f} s after the start")
+        yield server
+    finally:
+        code = server.stop()
+        serve.shutdown()  # whatever the command left on the session's cluster
+    assert code == 0, server.output()
+
+
+@pytest.mark.ray
+def test_a_sharded_index_on_ray_serve_answers_as_the_single_process_server(
+    sharded_on_session_cluster, indexes, query, digits_gallery
+):
+    expected = single_process_answers(digits_gallery["model"], indexes["sharded"], query)
+    # the one store and the 3 shards hold the same items: the same hits
+    one = single_process_answers(digits_gallery["model"], indexes["one"], query)
+    assert [h["key"] for h in one["hits"]] == [h["key"] for h in expected["hits"]]
+    assert_same_answers(sharded_on_session_cluster.url, expected, query)
+
+
+def _replicas(deployment: str) -> set[str]:
+    import ray
+
+    prefix = f"SERVE_REPLICA::vitrieval#{deployment}#"
+    return {
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve" and actor["name"].startswith(prefix)
+    }
+
+
+def _healthy(deployment: str) -> bool:
+    from ray import serve
+
+    app = serve.status().applications.get("vitrieval")
+    return app is not None and app.deployments[deployment].status == "HEALTHY"
+
+
+@pytest.mark.ray
+def test_searches_recover_when_a_shard_replica_dies(sharded_on_session_cluster, query):
+    url = sharded_on_session_cluster.url
+    # (sent, seconds taken, status, body) of every search, times from the kill
+    answers: list[tuple[float, float, int, str]] = []
+    stop = threading.Event()
+    killed_at: list[float] = []
+
+    def client() -> None:
+        with httpx.Client(timeout=RECOVERY_BOUND_S) as http:
+            while not stop.is_set():
+                sent = time.monotonic()
+                try:
+                    response = search(http, url, query)
+                    status, body = response.status_code, response.text[:200]
+                except httpx.HTTPError as exc:
+                    status, body = 0, type(exc).__name__
+                if killed_at:
+                    took = time.monotonic() - sent
+                    answers.append((sent - killed_at[0], took, status, body))
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        before = _replicas("shard-001")
+        killed_at.append(time.monotonic())
+        victim = _kill_one_replica("shard-001")
+        replaced = None
+        while time.monotonic() - killed_at[0] < RECOVERY_BOUND_S:
+            if _replicas("shard-001") - before and _healthy("shard-001"):
+                replaced = time.monotonic() - killed_at[0]
+                break
+            time.sleep(0.5)
+        time.sleep(2.0)  # searches sent after the replacement
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(RECOVERY_BOUND_S)
+    counts = collections.Counter(status for _, _, status, _ in answers)
+    errors = [(round(t, 2), status, body) for t, _, status, body in answers if status != 200]
+    slowest = max(answers, key=lambda answer: answer[1])
+    print(
+        f"killed {victim}; replaced and healthy after {replaced} s; answers after the kill "
+        f"by status {dict(counts)}, errors {errors[:5]}; the slowest search, sent "
+        f"{slowest[0]:.2f} s after the kill, took {slowest[1]:.2f} s"
+    )
+    assert replaced is not None, f"no new replica within {RECOVERY_BOUND_S} s: {dict(counts)}"
+    # what fails is the service's own JSON 503 (a call in flight to the dead replica)
+    for _, status, body in errors:
+        assert status == 503 and json.loads(body)["code"] == "unavailable", body
+    after = [status for t, _, status, _ in answers if t > replaced]
+    assert after and set(after) == {200}, after
+    with httpx.Client(timeout=30) as http:
+        assert http.get(f"{url}/readyz").status_code == 200
+
+
+WITHOUT_RAY = """
+import sys
+sys.modules["ray"] = None  # `import ray` raises ImportError, as without the extra
+from service.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "env", "says"),
+    [
+        (["--ray", "local", "--read-only"], {}, "pip install 'vitrieval[distributed]'"),
+        (["--ray", "auto"], {"VITRIEVAL_API_KEY": "k" * 16}, "--ray serves read-only"),
+    ],
+)
+def test_ray_serve_refusals_are_one_line(digits_gallery, options, env, says):
+    """Without Ray, --ray names the extra; with mutations on, it asks for --read-only."""
+    model, index = digits_gallery["model"], digits_gallery["index"]
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_RAY, "--model", str(model), "--index", str(index), *options],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert says in done.stderr
