@@ -9,4 +9,7 @@ Ray installed ends in one line naming the extra (`distributed.cluster`).
   actor pool into the same embeddings folder `index.embed` writes.
 - `distributed.build`: `vitrieval-index build --shards N --ray`, each shard's build a
   Ray task.
+- `distributed.serve`: `vitrieval-serve --ray`, the HTTP service as a Ray Serve
+  application; its deployment modules import Ray at module level (Serve's decorators
+  need it when the classes are defined) and are imported only once Ray is found.
 """
