@@ -85,7 +85,7 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ray",
         metavar="ADDRESS",
-        help=f"serve as a Ray Serve application (read-only): {ADDRESS_HELP}",
+        help=f"serve as a Ray Serve application: {ADDRESS_HELP}",
     )
     parser.add_argument(
         "--embed-replicas",
@@ -178,21 +178,7 @@ def _serve_on_ray(args: argparse.Namespace, settings: Settings) -> int:
     """`--ray ADDRESS`: the same API as a Ray Serve application (distributed.serve)."""
     from distributed.cluster import ClusterError, import_ray, parse_address
 
-    problem = None
-    if not settings.read_only:
-        problem = (
-            "--ray serves read-only: add --read-only (mutations go to one single-process "
-            "vitrieval-serve on the index; the Ray replicas follow its commits)"
-        )
-    elif settings.workers > 1:
-        problem = (
-            "--ray sets its processes with --embed-replicas and --shard-replicas, not --workers"
-        )
-    else:
-        try:  # the port is Ray Serve's proxy's to bind: say now if it is taken
-            _listen(settings.host, settings.port).close()
-        except OSError as exc:
-            problem = f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+    problem = _ray_problem(args, settings)
     if problem:
         print(f"vitrieval-serve: {problem}", file=sys.stderr)
         return 2
@@ -210,6 +196,28 @@ def _serve_on_ray(args: argparse.Namespace, settings: Settings) -> int:
         embed_replicas=args.embed_replicas,
         shard_replicas=args.shard_replicas,
     )
+
+
+def _ray_problem(args: argparse.Namespace, settings: Settings) -> str | None:
+    """What is wrong with the --ray command's options (None: nothing), before Ray."""
+    for flag, value in (
+        ("--embed-replicas", args.embed_replicas),
+        ("--shard-replicas", args.shard_replicas),
+    ):
+        if value < 1:
+            return f"{flag} must be at least 1, got {value}"
+    if args.shard_replicas > 1 and not settings.read_only:
+        return (
+            "with mutations on, each shard has one replica, its writer: --shard-replicas 1, "
+            "or --read-only"
+        )
+    if settings.workers > 1:
+        return "--ray sets its processes with --embed-replicas and --shard-replicas, not --workers"
+    try:  # the port is Ray Serve's proxy's to bind: say now if it is taken
+        _listen(settings.host, settings.port).close()
+    except OSError as exc:
+        return f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+    return None
 
 
 def _listen(host: str, port: int) -> socket.socket:

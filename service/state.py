@@ -173,19 +173,10 @@ class ServiceState:
         return await self.embed_bytes(upload.data, timings, upload.name)
 
     def save_upload(self, data: bytes) -> tuple[Path | None, bool]:
-        """Keep an image added through the API (for thumbnails), named by its content
-        hash; returns (its path, whether this call created it) or (None, False)."""
+        """Keep an image added through the API (for thumbnails): `keep_upload`."""
         if not self.settings.store_uploads:
             return None, False
-        digest = hashlib.sha256(data).hexdigest()
-        path = Path(self.store.directory).resolve() / UPLOADS_DIR / digest[:2] / digest
-        if path.exists():
-            return path, False
-        folders = [p for p in (path.parent.parent, path.parent) if not p.exists()]
-        atomic_write_bytes(path, data)
-        for folder in folders:  # new folders' own entries must survive a power cut too
-            fsync_dir(folder.parent)
-        return path, True
+        return keep_upload(Path(self.store.directory), data)
 
     def check_vector(self, values: list[float]) -> np.ndarray:
         return check_vector(values, self.store.dim)
@@ -193,6 +184,20 @@ class ServiceState:
     def close(self) -> None:
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
+
+
+def keep_upload(index: Path, data: bytes) -> tuple[Path, bool]:
+    """Keep an image added through the API under INDEX/uploads, named by its content
+    hash; returns (its path, whether this call created it)."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = index.resolve() / UPLOADS_DIR / digest[:2] / digest
+    if path.exists():
+        return path, False
+    folders = [p for p in (path.parent.parent, path.parent) if not p.exists()]
+    atomic_write_bytes(path, data)
+    for folder in folders:  # new folders' own entries must survive a power cut too
+        fsync_dir(folder.parent)
+    return path, True
 
 
 def self_check(embedder: Embedder, dim: int) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """`vitrieval-serve --ray ADDRESS`: the Ray Serve application answers as the
 single-process server does (distributed/serve), and recovers from a dead replica.
 
-Serve takes 15-20 s to start on 2 cores, so each index is served once per module: a
-single store by the command exactly as documented (`--ray local`: its own cluster),
-a 3-shard index by the same command joining the session's cluster (`--ray auto`), where
-the test can find a replica's actor and kill it.
+Serve takes 10-15 s to start on 2 cores, so each index is served once per module: a
+single store read-only by the command exactly as documented (`--ray local`: its own
+cluster), a 3-shard index with mutations on by the same command joining the session's
+cluster (`--ray auto`), where the test can find a replica's actor and kill it.
 """
 
 from __future__ import annotations
@@ -31,28 +31,33 @@ from serving import REPO, free_port
 
 from index.datasets import csv_list
 from index.embeddings import write_part
+from index.shards import shard_of
 from index.shards.build import build_shard, build_sharded
 from index.store import IndexStore
 from service.app import create_app
 from service.settings import Settings
 
 K = 6
+KEY = "ray-serve-test-key-0123"
+AUTH = {"X-API-Key": KEY}
 START_TIMEOUT_S = 150
 RECOVERY_BOUND_S = 60
 
 
 class RayServe:
     """`vitrieval-serve --ray ADDRESS --model M --index DIR --host 127.0.0.1 --port P
-    --read-only` in its own process group (what Ray starts for it ends with it)."""
+    [OPTIONS]` in its own process group (what Ray starts for it ends with it)."""
 
-    def __init__(self, model: Path, index: Path, address: str, env: dict | None = None):
+    def __init__(
+        self, model: Path, index: Path, address: str, *options: str, env: dict | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [
             sys.executable, "-m", "service.cli", "--ray", address,
             "--model", str(model), "--index", str(index),
-            "--host", "127.0.0.1", "--port", str(self.port), "--read-only",
-            "--log-level", "warning",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--log-level", "warning", *options,
         ]  # fmt: skip
         self.log = index.parent / f"ray-serve-{self.port}.log"
         with self.log.open("w") as out:
@@ -142,7 +147,7 @@ def search(client: httpx.Client | TestClient, url: str, image: bytes) -> httpx.R
 
 def single_process_answers(model: Path, index: Path, image: bytes) -> dict:
     """What the single-process server answers: the hits and a bad upload's error."""
-    settings = Settings(model=model, index=index, read_only=True)
+    settings = Settings(model=model, index=index, api_key=KEY)
     with TestClient(create_app(settings)) as client:
         hits = search(client, "", image).json()["hits"]
         bad = search(client, "", b"not an image at all")
@@ -160,7 +165,6 @@ def assert_same_answers(url: str, expected: dict, image: bytes) -> None:
         )
         bad = search(client, url, b"not an image at all")
         assert (bad.status_code, bad.json()) == expected["bad"]
-        assert client.post(f"{url}/v1/items", json={"key": "x"}).status_code == 403
 
 
 @pytest.mark.ray
@@ -168,10 +172,12 @@ def assert_same_answers(url: str, expected: dict, image: bytes) -> None:
 def test_ray_local_serves_a_store_as_the_single_process_server(indexes, query, digits_gallery):
     model = digits_gallery["model"]
     expected = single_process_answers(model, indexes["one"], query)
-    server = RayServe(model, indexes["one"], "local")
+    server = RayServe(model, indexes["one"], "local", "--read-only")
     try:
         print(f"--ray local: ready {server.wait_ready():.1f} s after the command started")
         assert_same_answers(server.url, expected, query)
+        refused = httpx.post(f"{server.url}/v1/items", json={"key": "x"}, timeout=30)
+        assert refused.status_code == 403 and refused.json()["code"] == "read_only"
     finally:
         code = server.stop()
     assert code == 0, server.output()
@@ -197,9 +203,9 @@ def _kill_one_replica(deployment: str) -> str:
 def sharded_on_session_cluster(indexes, digits_gallery, ray_address) -> Iterator[RayServe]:
     from ray import serve
 
-    server = RayServe(
-        digits_gallery["model"], indexes["sharded"], "auto", env={"RAY_ADDRESS": ray_address}
-    )
+    served = Path(shutil.copytree(indexes["sharded"], indexes["sharded"].parent / "served"))
+    env = {"RAY_ADDRESS": ray_address, "VITRIEVAL_API_KEY": KEY}
+    server = RayServe(digits_gallery["model"], served, "auto", env=env)
     try:
         print(f"--ray auto, 3 shards: ready {server.wait_ready():.1f} s after the start")
         yield server
@@ -218,6 +224,51 @@ def test_a_sharded_index_on_ray_serve_answers_as_the_single_process_server(
     one = single_process_answers(digits_gallery["model"], indexes["one"], query)
     assert [h["key"] for h in one["hits"]] == [h["key"] for h in expected["hits"]]
     assert_same_answers(sharded_on_session_cluster.url, expected, query)
+
+
+def mutations(client: httpx.Client | TestClient, url: str) -> list[tuple[int, dict]]:
+    """Add, add again, find, read, delete and read again an item: every answer."""
+    vector = [0.0] * 128
+    vector[5] = 1.0
+    item = {"key": "api/1", "vector": vector, "label": "x", "metadata": {"n": 1}}
+    answers = [
+        client.post(f"{url}/v1/items", json=item, headers=AUTH),
+        client.post(f"{url}/v1/items", json=item, headers=AUTH),
+        client.post(f"{url}/v1/items", json=item),
+        client.post(f"{url}/v1/search", json={"vector": vector, "k": 3}),
+        client.get(f"{url}/v1/items/api/1"),
+        client.delete(f"{url}/v1/items/api/1", headers=AUTH),
+        client.get(f"{url}/v1/items/api/1"),
+    ]
+    out = []
+    for answer in answers:
+        body = answer.json()
+        body.pop("timings_ms", None)
+        out.append((answer.status_code, body))
+    return out
+
+
+@pytest.mark.ray
+def test_mutations_on_ray_serve_answer_as_the_single_process_server(
+    sharded_on_session_cluster, indexes, digits_gallery, tmp_path
+):
+    copy = Path(shutil.copytree(indexes["sharded"], tmp_path / "sharded"))
+    settings = Settings(model=digits_gallery["model"], index=copy, api_key=KEY)
+    with TestClient(create_app(settings)) as client:
+        expected = mutations(client, "")
+    with httpx.Client(timeout=30) as client:
+        got = mutations(client, sharded_on_session_cluster.url)
+    assert [status for status, _ in got] == [201, 409, 401, 200, 200, 200, 404]
+    assert got[3][1]["hits"][0]["key"] == "api/1"
+    for (status, body), (want_status, want) in zip(got, expected, strict=True):
+        assert status == want_status
+        if "hits" in body:
+            assert [h["key"] for h in body["hits"]] == [h["key"] for h in want["hits"]]
+            np.testing.assert_allclose(
+                [h["score"] for h in body["hits"]], [h["score"] for h in want["hits"]], atol=1e-5
+            )
+        else:
+            assert body == want
 
 
 def _replicas(deployment: str) -> set[str]:
@@ -239,7 +290,7 @@ def _healthy(deployment: str) -> bool:
 
 
 @pytest.mark.ray
-def test_searches_recover_when_a_shard_replica_dies(sharded_on_session_cluster, query):
+def test_searches_recover_when_a_shard_writer_dies(sharded_on_session_cluster, query):
     url = sharded_on_session_cluster.url
     # (sent, seconds taken, status, body) of every search, times from the kill
     answers: list[tuple[float, float, int, str]] = []
@@ -259,6 +310,12 @@ def test_searches_recover_when_a_shard_replica_dies(sharded_on_session_cluster, 
                     took = time.monotonic() - sent
                     answers.append((sent - killed_at[0], took, status, body))
 
+    # an item the victim's journal holds (no checkpoint yet) must survive the kill
+    key = next(f"kept/{i}" for i in range(100) if shard_of(f"kept/{i}", 3) == 1)
+    vector = [0.0] * 128
+    vector[7] = 1.0
+    added = httpx.post(f"{url}/v1/items", json={"key": key, "vector": vector}, headers=AUTH)
+    assert added.status_code == 201, added.text
     clients = [threading.Thread(target=client) for _ in range(4)]
     for thread in clients:
         thread.start()
@@ -294,6 +351,7 @@ def test_searches_recover_when_a_shard_replica_dies(sharded_on_session_cluster, 
     assert after and set(after) == {200}, after
     with httpx.Client(timeout=30) as http:
         assert http.get(f"{url}/readyz").status_code == 200
+        assert http.get(f"{url}/v1/items/{key}").status_code == 200
 
 
 WITHOUT_RAY = """
@@ -308,11 +366,15 @@ sys.exit(main(sys.argv[1:]))
     ("options", "env", "says"),
     [
         (["--ray", "local", "--read-only"], {}, "pip install 'vitrieval[distributed]'"),
-        (["--ray", "auto"], {"VITRIEVAL_API_KEY": "k" * 16}, "--ray serves read-only"),
+        (
+            ["--ray", "auto", "--shard-replicas", "2"],
+            {"VITRIEVAL_API_KEY": KEY},
+            "each shard has one replica, its writer",
+        ),
     ],
 )
 def test_ray_serve_refusals_are_one_line(digits_gallery, options, env, says):
-    """Without Ray, --ray names the extra; with mutations on, it asks for --read-only."""
+    """Without Ray, --ray names the extra; with mutations on, a shard has one replica."""
     model, index = digits_gallery["model"], digits_gallery["index"]
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_RAY, "--model", str(model), "--index", str(index), *options],

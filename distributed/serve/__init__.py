@@ -5,9 +5,10 @@ deployments (docs/scale.md, "Serving with Ray Serve"):
 
 - `embedder`: the model, `--embed-replicas` replicas (one GPU each on a cluster with
   GPUs), decoding uploads and embedding them in batches (`@serve.batch`);
-- `shard-NNN`: one deployment per shard of the index (a single store is one shard),
-  `--shard-replicas` replicas each, every replica the shard opened read-only and
-  reopened when a new commit appears;
+- `shard-NNN`: one deployment per shard of the index (a single store is one shard):
+  with `--read-only`, `--shard-replicas` replicas each, the shard opened read-only and
+  reopened when a new commit appears; with mutations on, one replica, the shard's
+  writer (its journal, checkpoints, merges and scrub);
 - `ingress`: the service's FastAPI app (`service.app.build_app`: the same routes,
   middleware and JSON errors) whose index and model calls go to the deployments above;
   a search asks every shard for its top k and merges them with

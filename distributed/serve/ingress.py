@@ -6,8 +6,9 @@ model and index are the embedder and shard deployments.
 routes, middleware and error handlers are the single-process server's own. Its
 `RemoteIndex` fans a search out to every shard and merges the top k with
 `index.shards.merge_ranked`; a lookup goes to the shard that owns the key
-(`index.shards.shard_of`). Read-only: the mutation routes answer 403 before they get
-here, as on a single-process server started with --read-only.
+(`index.shards.shard_of`). A mutation goes to the owning shard's writer replica; the
+ingress (one replica) numbers the items of a sharded index across its shards, as
+`ShardedStore.add` does, so equal scores keep ordering as in one store.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from index.shards import merge_ranked, shard_of
+from index.shards import is_sharded, merge_ranked, shard_of
 from index.shards.layout import read_shards_manifest, split_by_shard
 from index.shards.store import combine_info, merge_labelled
 from index.store import Hit, ItemRecord
@@ -37,10 +38,10 @@ from service.errors import ApiError
 from service.inputs import ImageUpload
 from service.metrics import ServiceMetrics
 from service.settings import Settings
-from service.state import Timings, check_vector
+from service.state import Timings, check_vector, keep_upload
 
 from .options import REMOTE_TIMEOUT_S, STATS_POLL_S
-from .replicas import ErrorAnswer, ModelInfo
+from .replicas import ErrorAnswer, ModelInfo, StoreFailure
 
 logger = logging.getLogger("vitrieval.serve")
 
@@ -73,7 +74,9 @@ class RemoteIndex:
         self.directory = directory
         self.dim = dim
         # a sharded index has shards.json; a single store is served as one shard
-        self.manifest = read_shards_manifest(directory) if len(shards) > 1 else None
+        self.manifest = read_shards_manifest(directory) if is_sharded(directory) else None
+        self._next_id: int | None = None  # a sharded index's next item id, once asked
+        self._writing = asyncio.Lock()  # ids are taken in the order the adds happen
 
     def _owner(self, key: str) -> tuple[DeploymentHandle, str]:
         shard = shard_of(key, len(self.shards))
@@ -104,11 +107,67 @@ class RemoteIndex:
         found = await asyncio.gather(*calls)
         return [[h for _, h in row] for row in merge_ranked(found, k, len(queries))]
 
-    async def add(self, *args: Any, **kwargs: Any) -> None:
-        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
+    async def add(
+        self,
+        keys: Sequence[str],
+        vectors: np.ndarray,
+        *,
+        labels: Sequence[str | None],
+        paths: Sequence[str | None],
+        metadata: Sequence[dict | None],
+        replace: bool,
+    ) -> None:
+        keys = list(keys)
+        owned = split_by_shard(keys, len(self.shards))
+        async with self._writing:
+            ids = None
+            if self.manifest is not None:
+                if self._next_id is None:
+                    self._next_id = max(
+                        await asyncio.gather(
+                            *(remote(h.next_id.remote(), "index") for h in self.shards)
+                        )
+                    )
+                ids = np.arange(self._next_id, self._next_id + len(keys), dtype=np.int64)
+            answers = await asyncio.gather(
+                *(
+                    remote(
+                        self.shards[n].add.remote(
+                            [keys[i] for i in at],
+                            vectors[at],
+                            [labels[i] for i in at],
+                            [paths[i] for i in at],
+                            [metadata[i] for i in at],
+                            replace,
+                            None if ids is None else ids[at],
+                        ),
+                        f"index shard {n}",
+                    )
+                    for n, at in owned.items()
+                )
+            )
+            failed = [a for a in answers if isinstance(a, StoreFailure)]
+            if failed:
+                raise failed[0].error
+            if ids is not None:
+                self._next_id = int(ids[-1]) + 1
 
     async def remove(self, keys: Sequence[str]) -> int:
-        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
+        unique = list(dict.fromkeys(keys))
+        owned = split_by_shard(unique, len(self.shards))
+        async with self._writing:
+            answers = await asyncio.gather(
+                *(
+                    remote(
+                        self.shards[n].remove.remote([unique[i] for i in at]), f"index shard {n}"
+                    )
+                    for n, at in owned.items()
+                )
+            )
+        failed = [a for a in answers if isinstance(a, StoreFailure)]
+        if failed:
+            raise failed[0].error
+        return sum(answers)
 
     async def labelled_items(self, limit: int | None) -> tuple[list[str], list[str], np.ndarray]:
         answers = await asyncio.gather(
@@ -127,8 +186,9 @@ class RemoteIndex:
             return parts[0]
         return await asyncio.to_thread(combine_info, self.directory, self.manifest, parts)
 
-    async def stats(self) -> tuple[int, list[tuple[Any, str]]]:
-        """(live items, damaged segments named as the single-process server names them)."""
+    async def stats(self) -> tuple[int, list[tuple[Any, str]], int]:
+        """(live items, damaged segments named as the single-process server names them,
+        journal entries not yet saved)."""
         answers = await asyncio.gather(
             *(remote(h.stats.remote(), f"index shard {n}") for n, h in enumerate(self.shards))
         )
@@ -136,10 +196,10 @@ class RemoteIndex:
             return answers[0]
         damaged = [
             (f"{name}/{number}", reason)
-            for name, (_, part) in zip(self.manifest.shards, answers, strict=True)
+            for name, (_, part, _) in zip(self.manifest.shards, answers, strict=True)
             for number, reason in part
         ]
-        return sum(count for count, _ in answers), damaged
+        return sum(a[0] for a in answers), damaged, sum(a[2] for a in answers)
 
     async def damaged_segments(self) -> list[tuple[Any, str]]:
         return (await self.stats())[1]
@@ -188,7 +248,10 @@ class IngressState:
         return check_vector(values, self.index.dim)
 
     def save_upload(self, data: bytes) -> tuple[Path | None, bool]:
-        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
+        """As the single-process server keeps uploads: INDEX/uploads (shared storage)."""
+        if not self.settings.store_uploads or self.settings.index is None:
+            return None, False
+        return keep_upload(Path(self.settings.index), data)
 
 
 @serve.ingress()
@@ -233,7 +296,8 @@ async def _refresh_stats(state: IngressState) -> None:
     cannot wait for the shards)."""
     while True:
         with contextlib.suppress(ApiError):
-            items, damaged = await state.index.stats()
+            items, damaged, pending = await state.index.stats()
             state.metrics.index_items.set(items)
             state.metrics.damaged_segments.set(len(damaged))
+            state.metrics.journal_pending.set(pending)
         await asyncio.sleep(STATS_POLL_S)

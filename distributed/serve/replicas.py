@@ -25,9 +25,11 @@ from ray import serve
 from index.embedder import Embedder
 from index.images import DecodeBudget
 from index.model_metadata import ModelMetadata
-from index.store import Hit, IndexStore, ItemRecord
+from index.store import Hit, IndexStore, ItemRecord, StoreError
 from index.store import manifest as mf
 from service.errors import ApiError
+from service.maintenance import checkpoint_loop, final_save, scrub_loop
+from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.state import prepare_image, self_check
 
@@ -135,23 +137,45 @@ class EmbedderReplica:
         return list(out)
 
 
-class ShardReplica:
-    """One shard of the index (or the whole of a single store), opened read-only from
-    its last commit and reopened when a writer commits a new one (the manifest polled
-    every FOLLOW_POLL_S)."""
+@dataclass(frozen=True)
+class StoreFailure:
+    """A StoreError a mutation raised (KeyExistsError, JournalWriteError, ...), returned
+    as a value: the ingress raises it again, so the routes answer as they always do."""
 
-    def __init__(self, directory: str, fingerprint: str | None, dim: int) -> None:
+    error: StoreError
+
+
+@dataclass
+class _Upkeep:
+    """What `service.maintenance`'s loops use of a service state: a writer's own."""
+
+    settings: Settings
+    store: IndexStore
+    metrics: ServiceMetrics
+
+
+class ShardReplica:
+    """One shard of the index (or the whole of a single store).
+
+    A reader (`writer` None) opens the last commit read-only and reopens the shard when
+    a writer commits a new one (the manifest polled every FOLLOW_POLL_S). The writer
+    (`writer`: the service's settings, mutations on) is the shard's one replica: it
+    opens the shard with its journal, as the single-process server does, and runs the
+    same checkpoints, merges and scrub (`service.maintenance`), and a final save when
+    Serve stops it."""
+
+    def __init__(
+        self, directory: str, fingerprint: str | None, dim: int, writer: Settings | None = None
+    ) -> None:
         self.directory = Path(directory)
         self.fingerprint = fingerprint
         self.dim = dim
         self.stamp = self._manifest_stamp()
-        self.store = self._open()
-        self._follow: asyncio.Task[None] | None = None
-
-    def _open(self) -> IndexStore:
-        return IndexStore.open(
-            self.directory, fingerprint=self.fingerprint, dim=self.dim, journal=False
+        self.store = IndexStore.open(
+            self.directory, fingerprint=fingerprint, dim=dim, journal=writer is not None
         )
+        self.upkeep = _Upkeep(writer, self.store, ServiceMetrics()) if writer else None
+        self._background: list[asyncio.Task[None]] = []
 
     def _manifest_stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -160,10 +184,22 @@ class ShardReplica:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def _ensure_following(self) -> None:
-        # the constructor runs outside the replica's event loop: start on first use
-        if self._follow is None:
-            self._follow = asyncio.get_running_loop().create_task(self._follow_commits())
+    def _ensure_background(self) -> None:
+        # the constructor runs outside the replica's event loop: started on first use
+        # (a request or Serve's first health check)
+        if self._background:
+            return
+        loop = asyncio.get_running_loop()
+        if self.upkeep is None:
+            self._background = [loop.create_task(self._follow_commits())]
+        else:
+            self._background = [
+                loop.create_task(checkpoint_loop(self.upkeep)),  # type: ignore[arg-type]
+                loop.create_task(scrub_loop(self.upkeep)),  # type: ignore[arg-type]
+            ]
+
+    async def check_health(self) -> None:
+        self._ensure_background()
 
     async def _follow_commits(self) -> None:
         while True:
@@ -172,27 +208,37 @@ class ShardReplica:
             if stamp is None or stamp == self.stamp:
                 continue
             try:
-                fresh = await asyncio.to_thread(self._open)
+                fresh = await asyncio.to_thread(
+                    IndexStore.open, self.directory, fingerprint=self.fingerprint, dim=self.dim
+                )
             except Exception:  # a commit being replaced under us: the next poll retries
                 logger.warning("reopening %s failed; retrying", self.directory, exc_info=True)
                 continue
             old, self.store, self.stamp = self.store, fresh, stamp
-            logger.info("%s: now serving generation %s", self.directory, fresh.info()["generation"])
             # searches in flight finish on the old store before it is closed
             await asyncio.sleep(FOLLOW_POLL_S)
             with contextlib.suppress(Exception):
                 old.close()
 
+    def __del__(self) -> None:
+        # Serve stops a replica by calling this: what the writer's journal holds is saved
+        if getattr(self, "upkeep", None) is not None:
+            for task in self._background:
+                task.cancel()
+            final_save(self.upkeep)  # type: ignore[arg-type]
+
+    # -- reads --------------------------------------------------------------------------
+
     async def ranked_search(
         self, queries: np.ndarray, k: int, label: str | None, exclude_keys: list[str]
     ) -> list[list[tuple[int, Hit]]]:
-        self._ensure_following()
+        self._ensure_background()
         return await asyncio.to_thread(
             self.store.ranked_search, queries, k, label=label, exclude_keys=exclude_keys
         )
 
     async def get(self, key: str) -> ItemRecord | None:
-        self._ensure_following()
+        self._ensure_background()
         return await asyncio.to_thread(self.store.get, key)
 
     async def contains(self, key: str) -> bool:
@@ -212,10 +258,51 @@ class ShardReplica:
         return await asyncio.to_thread(read)
 
     async def info(self) -> dict[str, Any]:
-        self._ensure_following()
+        self._ensure_background()
         return await asyncio.to_thread(self.store.info)
 
-    async def stats(self) -> tuple[int, list[tuple[int, str]]]:
-        """(live items, damaged segments): what /readyz and /metrics need, lock-free."""
-        self._ensure_following()
-        return len(self.store), self.store.damaged_segments()
+    async def stats(self) -> tuple[int, list[tuple[int, str]], int]:
+        """(live items, damaged segments, journal entries not yet saved): what /readyz
+        and /metrics need, lock-free."""
+        self._ensure_background()
+        store = self.store
+        return len(store), store.damaged_segments(), store.journal_pending
+
+    # -- mutations (the writer) ----------------------------------------------------------
+
+    async def next_id(self) -> int:
+        return self.store.next_id
+
+    async def add(
+        self,
+        keys: list[str],
+        vectors: np.ndarray,
+        labels: list[str | None],
+        paths: list[str | None],
+        metadata: list[dict | None],
+        replace: bool,
+        ids: np.ndarray | None,
+    ) -> StoreFailure | None:
+        """`IndexStore.add`, journalled before it returns."""
+        self._ensure_background()
+        try:
+            await asyncio.to_thread(
+                self.store.add,
+                keys,
+                vectors,
+                labels=labels,
+                paths=paths,
+                metadata=metadata,
+                replace=replace,
+                ids=ids,
+            )
+        except StoreError as exc:
+            return StoreFailure(exc)
+        return None
+
+    async def remove(self, keys: list[str]) -> int | StoreFailure:
+        self._ensure_background()
+        try:
+            return await asyncio.to_thread(self.store.remove, keys)
+        except StoreError as exc:
+            return StoreFailure(exc)

@@ -105,14 +105,16 @@ def build_application(
         max_ongoing_requests=running,
         max_queued_requests=EMBED_QUEUE_FACTOR * settings.max_batch_size,
     ).bind(settings, device, plan.threads, layout.dim)
+    # with mutations on, a shard's one replica is its writer (one journal, one lock)
+    writer = None if settings.read_only else settings
     shards = [
         serve.deployment(
             ShardReplica,
             name=shard_name(n),
-            num_replicas=shard_replicas,
+            num_replicas=shard_replicas if writer is None else 1,
             ray_actor_options={"num_cpus": 0},
             max_ongoing_requests=SHARD_MAX_ONGOING,
-        ).bind(str(folder), layout.fingerprint, layout.dim)
+        ).bind(str(folder), layout.fingerprint, layout.dim, writer)
         for n, folder in enumerate(layout.shards)
     ]
     ingress = serve.deployment(
@@ -138,10 +140,6 @@ def serve_on_ray(
 ) -> int:
     """Deploy the application on the cluster `address` names and serve until SIGINT or
     SIGTERM; the exit status (2 with one line on stderr when it cannot start)."""
-    for flag, value in (("--embed-replicas", embed_replicas), ("--shard-replicas", shard_replicas)):
-        if value < 1:
-            print(f"vitrieval-serve: {flag} must be at least 1, got {value}", file=sys.stderr)
-            return 2
     try:
         layout = check_inputs(settings)
     except StartupError as exc:
