@@ -20,7 +20,7 @@ from index.shards.layout import read_shards_manifest
 from service.settings import Settings
 from service.state import StartupError
 
-from ..cluster import ClusterError, plan_actors, ray_cluster
+from ..cluster import ClusterError, largest_node_cpus, plan_actors, ray_cluster
 from .ingress import Ingress
 from .options import (
     APP_NAME,
@@ -92,6 +92,13 @@ def build_application(
         actors=embed_replicas,
         threads=settings.intra_op_threads,
     )
+    # Serve waits without end for replicas the cluster cannot place: refuse instead
+    need, kind = (embed_replicas, "GPU") if plan.gpu else (embed_replicas * plan.threads, "CPU")
+    if need > cluster.get(kind, 0):
+        raise ClusterError(
+            f"--embed-replicas {embed_replicas} needs {need} {kind}s "
+            f"({plan.describe()}), the cluster has {cluster.get(kind, 0):g}"
+        )
     resources: dict[str, Any] = {"num_cpus": plan.threads}
     if plan.gpu:
         resources["num_gpus"] = 1
@@ -151,6 +158,14 @@ def serve_on_ray(
             # after connecting: Ray's core installs its own SIGTERM handler (an abort)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, lambda *_: stop.set())
+            app = build_application(
+                settings,
+                layout,
+                embed_replicas=embed_replicas,
+                shard_replicas=shard_replicas,
+                cluster=ray.cluster_resources(),
+                node_cpus=largest_node_cpus(ray),
+            )
             running = serve.status()
             if running.proxies or running.applications:
                 # Serve's HTTP options are the cluster's: ours would be ignored
@@ -168,7 +183,7 @@ def serve_on_ray(
                 },
             )
             try:
-                return _deploy_and_wait(ray, settings, layout, embed_replicas, shard_replicas, stop)
+                return _run_until_stopped(app, settings, layout, stop)
             finally:
                 serve.shutdown()
     except ClusterError as exc:
@@ -176,24 +191,9 @@ def serve_on_ray(
         return 2
 
 
-def _deploy_and_wait(
-    ray: Any,
-    settings: Settings,
-    layout: Layout,
-    embed_replicas: int,
-    shard_replicas: int,
-    stop: threading.Event,
+def _run_until_stopped(
+    app: Application, settings: Settings, layout: Layout, stop: threading.Event
 ) -> int:
-    from ..cluster import largest_node_cpus
-
-    app = build_application(
-        settings,
-        layout,
-        embed_replicas=embed_replicas,
-        shard_replicas=shard_replicas,
-        cluster=ray.cluster_resources(),
-        node_cpus=largest_node_cpus(ray),
-    )
     try:
         serve.run(app, name=APP_NAME, route_prefix="/", logging_config=serve_logging())
     except Exception as exc:  # a replica's constructor failed (Serve retried it)
