@@ -25,6 +25,7 @@ COPY docker/requirements.py docker/requirements.py
 COPY index index
 COPY service service
 COPY training training
+COPY distributed distributed
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
  && python docker/requirements.py serve --runtime cpu > /dist/serve-cpu.txt \
  && python docker/requirements.py serve --runtime gpu --faiss-gpu "$FAISS_GPU" > /dist/serve-gpu.txt \

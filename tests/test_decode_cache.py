@@ -316,3 +316,15 @@ def test_pretrain_fills_the_cache_in_memory_by_default(tmp_path, capsys, decodes
     assert "decode cache (auto): shorter side 166 px; 4 images decoded" in capsys.readouterr().out
     assert decodes() == 4
     assert not (run / CACHE_DIRNAME).exists()
+
+
+def test_a_folder_that_cannot_take_the_copies_leaves_the_items_uncached(tmp_path, photos, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    cache = DecodeCache("disk", SIDE, blocker / "cache")
+    with caplog.at_level("WARNING", logger="vitrieval.train"):
+        items, bad = drop_unreadable(photos[:2], "images", cache)
+    assert not bad and [i.key for i in items] == [p.key for p in photos[:2]]
+    assert items[0] is photos[0] or items[0] == photos[0]  # uncached: the original file
+    assert cache.stats.write_failed == 2 and cache.stats.on_disk == 0
+    assert sum("cannot write" in r.getMessage() for r in caplog.records) == 1

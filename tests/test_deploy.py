@@ -270,6 +270,7 @@ def test_dockerignore_keeps_the_context_small():
         "index",
         "service",
         "training",
+        "distributed",
         "recipes",  # the training image's fit --recipe files
     }
     copied = {
@@ -279,6 +280,12 @@ def test_dockerignore_keeps_the_context_small():
         if not part.startswith("--")
     }
     assert copied <= allowed | {"docker/requirements.py"}
+    # every package the wheel is built from (pyproject's packages.find) is in the context
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert packages <= copied, f"not copied into the builder: {packages - copied}"
 
 
 # -- docker-compose.yml, read by docker-compose ------------------------------------------

@@ -27,6 +27,7 @@ raise the same `ImageDecodeError` as before.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import secrets
@@ -39,6 +40,8 @@ from PIL import Image
 from index.datasets import DEFAULT_MAX_PIXELS, Item
 
 from .config import DECODE_CACHE_MEMORY_CAP, DECODE_CACHE_MEMORY_SHARE, DECODE_CACHE_MODES
+
+logger = logging.getLogger("vitrieval.train")
 
 CACHE_DIRNAME = "decode-cache"
 """The on-disk cache's folder inside the run folder when no `--decode-cache-dir` is given."""
@@ -156,6 +159,7 @@ class CacheStats:
     memory_bytes: int = 0
     on_disk: int = 0
     disk_bytes: int = 0
+    write_failed: int = 0  # copies the disk folder could not take (decoded every epoch)
 
 
 @dataclass
@@ -220,7 +224,16 @@ class DecodeCache:
             self.stats.memory_bytes += array.nbytes
             # Item.open serves `pixels` before `path`: the file is not read again
             return replace(item, pixels=array)
-        _write(target, array)
+        try:
+            _write(target, array)
+        except OSError as exc:
+            # the cache only saves time: a folder that cannot take the copy (full,
+            # read-only, not a folder) leaves the item to be decoded every epoch
+            if not self.stats.write_failed:
+                logger.warning("decode cache: cannot write to %s (%s); images it cannot "
+                               "hold are decoded every epoch", target.parent, exc)  # fmt: skip
+            self.stats.write_failed += 1
+            return item
         return self._on_disk(item, target)
 
     def summary(self) -> str:

@@ -129,6 +129,9 @@ class RemoteIndex:
                         )
                     )
                 ids = np.arange(self._next_id, self._next_id + len(keys), dtype=np.int64)
+            # until the shards answer, the next id is unknown: a shard may have stored
+            # its part before a timeout or a failure elsewhere; re-read it from them then
+            self._next_id = None
             answers = await asyncio.gather(
                 *(
                     remote(

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,7 @@ class ShardReplica:
         self.fingerprint = fingerprint
         self.dim = dim
         self.stamp = self._manifest_stamp()
+        self._in_flight: dict[int, int] = {}  # id(store) -> reads running on it
         self.store = IndexStore.open(
             self.directory, fingerprint=fingerprint, dim=dim, journal=writer is not None
         )
@@ -215,10 +217,9 @@ class ShardReplica:
                 logger.warning("reopening %s failed; retrying", self.directory, exc_info=True)
                 continue
             old, self.store, self.stamp = self.store, fresh, stamp
-            # searches in flight finish on the old store before it is closed
-            await asyncio.sleep(FOLLOW_POLL_S)
-            with contextlib.suppress(Exception):
-                old.close()
+            # calls in flight finish on the old store: the last of them closes it
+            if not self._in_flight.get(id(old)):
+                _close_quietly(old)
 
     def __del__(self) -> None:
         # Serve stops a replica by calling this: what the writer's journal holds is saved
@@ -229,20 +230,34 @@ class ShardReplica:
 
     # -- reads --------------------------------------------------------------------------
 
+    async def _read(self, call: Callable[[IndexStore], Any]) -> Any:
+        """`call(store)` in a worker thread on the store open now; a store replaced by a
+        newer commit meanwhile is closed when its last call ends, not before."""
+        store = self.store
+        self._in_flight[id(store)] = self._in_flight.get(id(store), 0) + 1
+        try:
+            return await asyncio.to_thread(call, store)
+        finally:
+            left = self._in_flight.pop(id(store)) - 1
+            if left:
+                self._in_flight[id(store)] = left
+            elif store is not self.store:
+                _close_quietly(store)
+
     async def ranked_search(
         self, queries: np.ndarray, k: int, label: str | None, exclude_keys: list[str]
     ) -> list[list[tuple[int, Hit]]]:
         self._ensure_background()
-        return await asyncio.to_thread(
-            self.store.ranked_search, queries, k, label=label, exclude_keys=exclude_keys
+        return await self._read(
+            lambda store: store.ranked_search(queries, k, label=label, exclude_keys=exclude_keys)
         )
 
     async def get(self, key: str) -> ItemRecord | None:
         self._ensure_background()
-        return await asyncio.to_thread(self.store.get, key)
+        return await self._read(lambda store: store.get(key))
 
     async def contains(self, key: str) -> bool:
-        return await asyncio.to_thread(self.store.__contains__, key)
+        return await self._read(lambda store: key in store)
 
     async def labelled_items(
         self, limit: int | None
@@ -250,16 +265,16 @@ class ShardReplica:
         """`IndexStore.labelled_items` and the item ids of those keys (what orders the
         items of several shards, `index.shards.store.merge_labelled`)."""
 
-        def read() -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]]:
-            store = self.store
-            part = store.labelled_items(limit)
-            return part, store.item_ids(part[0])
+        def read(store: IndexStore) -> tuple[tuple[list[str], list[str], np.ndarray], dict]:
+            with store._lock:  # the store's own lock: no delete between the two reads
+                part = store.labelled_items(limit)
+                return part, store.item_ids(part[0])
 
-        return await asyncio.to_thread(read)
+        return await self._read(read)
 
     async def info(self) -> dict[str, Any]:
         self._ensure_background()
-        return await asyncio.to_thread(self.store.info)
+        return await self._read(lambda store: store.info())
 
     async def stats(self) -> tuple[int, list[tuple[int, str]], int]:
         """(live items, damaged segments, journal entries not yet saved): what /readyz
@@ -306,3 +321,9 @@ class ShardReplica:
             return await asyncio.to_thread(self.store.remove, keys)
         except StoreError as exc:
             return StoreFailure(exc)
+
+
+def _close_quietly(store: IndexStore) -> None:
+    """Close a store no call uses any more; a failure only leaves it to the collector."""
+    with contextlib.suppress(Exception):
+        store.close()

@@ -126,7 +126,7 @@ def run_locally(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     threads = max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
-        workers, context, initializer=_set_threads, initargs=(threads,)
+        workers, context, initializer=_set_threads, initargs=(threads, os.getpid())
     ) as pool:
         futures = [pool.submit(build_shard, **job) for job in jobs]
         try:
@@ -142,12 +142,12 @@ def run_locally(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise
 
 
-def _set_threads(threads: int) -> None:
-    _die_with_parent()
+def _set_threads(threads: int, parent: int) -> None:
+    _die_with_parent(parent)
     faiss.omp_set_num_threads(threads)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """Ask Linux to SIGKILL this worker when the build process that spawned it dies.
 
     A build killed with SIGKILL cannot stop its workers, which would go on writing the
@@ -160,8 +160,8 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the parent died before the request took effect
-        os._exit(1)
+    if os.getppid() != parent:  # it died before the request took effect (compared with
+        os._exit(1)  # its pid, not with 1: the build may itself be pid 1 in a container)
 
 
 def build_sharded(
