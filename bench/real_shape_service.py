@@ -16,10 +16,13 @@ JPEG), indexed (Flat) with the same model.
 3. The service: real `vitrieval-serve --read-only` processes on loopback, closed-loop
    clients (1/4/16) each posting the catalogue's files one after another to
    POST /v1/search (k 10), per server layout:
-   - `batching`: the default (dynamic batching, one session, every core's thread);
+   - `batching`: dynamic batching, one session on every core's thread (the default on
+     a GPU);
    - `replicas`: batching off, T model calls at once, one intra-op thread each
-     (`VITRIEVAL_INTRA_OP_THREADS=1`, `VITRIEVAL_UNBATCHED_CONCURRENCY=T`);
-   - `serial`: batching off, one call at a time on T threads (the unbatched default).
+     (`VITRIEVAL_INTRA_OP_THREADS=1`, `VITRIEVAL_UNBATCHED_CONCURRENCY=T`: the default
+     on CPUs, chosen from this measurement);
+   - `serial`: batching off, one call at a time on T threads (the load benchmark's
+     baseline; bench/serve_http.py's Server sets it for a server that is not batching).
    Cells are interleaved across servers (the order rotated every round) so other load
    on a shared machine falls on all alike; images/s is answered requests / window.
 

@@ -91,7 +91,12 @@ class Server:
         self.process = subprocess.Popen(
             command,
             cwd=REPO,
-            env={**os.environ, **env},
+            # off: one model call at a time, the baseline, unless `env` says otherwise
+            env={
+                **os.environ,
+                **({"VITRIEVAL_UNBATCHED_CONCURRENCY": "1"} if mode != "on" else {}),
+                **env,
+            },
             stdout=self.log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -6,10 +6,12 @@ until `max_batch` are gathered or `max_wait_s` has passed since the first, and r
 the model on the stacked batch in a worker thread, so the event loop keeps accepting
 requests (which queue up for the next batch) while ONNX Runtime computes.
 
-Why: on CPU and GPU alike one call on B images costs far less than B calls on one
-(the weights are read once, the matrix products are larger). The wait bounds the
-latency a lone query pays for it: with one client the batch closes after
-`max_wait_s`; under load batches fill up without waiting at all.
+Why: on a GPU one call on B images costs far less than B calls on one (the weights
+are read once, the matrix products fill the device). The wait bounds the latency a
+lone query pays for it: with one client the batch closes after `max_wait_s`; under
+load batches fill up without waiting at all. On CPUs, single-thread calls side by side
+served more than batches in the measurement, so the service turns batching off there
+by default (service/layout.py).
 
 With batching disabled every query calls the model on its own: one at a time by
 default (`unbatched_threads=1`, the baseline the load benchmark compares against), or
@@ -55,8 +57,10 @@ class DynamicBatcher:
         self._queue: asyncio.Queue[tuple[np.ndarray, asyncio.Future[np.ndarray]]] | None = None
         self._task: asyncio.Task[None] | None = None
         # one thread: batches run one after another, each using all of ORT's threads
-        threads = 1 if enabled else unbatched_threads
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="vitrieval-model")
+        self.model_calls_at_once = 1 if enabled else unbatched_threads
+        self._executor = ThreadPoolExecutor(
+            self.model_calls_at_once, thread_name_prefix="vitrieval-model"
+        )
 
     async def start(self) -> None:
         if self.enabled and self._task is None:

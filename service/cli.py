@@ -60,9 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="batching",
         action="store_true",
         default=None,
-        help="dynamic batching of concurrent queries (default)",
+        help="dynamic batching of concurrent queries (default on a GPU)",
     )
-    batching.add_argument("--no-batching", dest="batching", action="store_false")
+    batching.add_argument(
+        "--no-batching",
+        dest="batching",
+        action="store_false",
+        help="one model call per query, one per core at once on CPUs (default on CPUs)",
+    )
     parser.add_argument("--max-batch-size", type=int, help="largest model batch (default 32)")
     parser.add_argument(
         "--max-batch-wait-ms", type=float, help="longest wait for a batch to fill (default 2)"

@@ -49,10 +49,18 @@ class Settings(BaseSettings):
 
     # inference
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N | tensorrt")
-    batching: bool = Field(True, description="dynamic batching of concurrent queries")
+    batching: bool | None = Field(
+        None,
+        description="dynamic batching of concurrent queries (default: on when the model "
+        "runs on a GPU, off on CPUs, where one call per core side by side serves more)",
+    )
     max_batch_size: int = Field(32, ge=1, le=1024)
-    unbatched_concurrency: int = Field(
-        1, ge=1, le=64, description="with batching off: model calls at once (1: one at a time)"
+    unbatched_concurrency: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="with batching off: model calls at once (default: one per core on "
+        "CPUs, each on one ONNX Runtime thread; 1 on a GPU)",
     )
     max_batch_wait_ms: float = Field(
         2.0, ge=0, le=1000, description="how long the first query of a batch waits for more"

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from index.atomic import atomic_write_bytes, fsync_dir
-from index.embedder import Embedder
+from index.embedder import CPU, Embedder, select_providers
 from index.images import DecodeBudget, DecodeBudgetBusy
 from index.shards import ShardedStore, open_index
 from index.store import IndexStore
@@ -26,6 +26,7 @@ from .batching import DynamicBatcher
 from .errors import ApiError, image_error
 from .index_access import IndexAccess, LocalIndex
 from .inputs import ImageUpload
+from .layout import model_layout
 from .metrics import ServiceMetrics
 from .settings import Settings
 
@@ -87,11 +88,16 @@ class ServiceState:
             raise StartupError("both a model (--model) and an index (--index) are needed")
         metrics = metrics or ServiceMetrics()
         try:
+            on_gpu = select_providers(settings.device)[0][0] != CPU
+        except ValueError:  # an unknown device: the Embedder below says so
+            on_gpu = False
+        layout = model_layout(settings, on_gpu)
+        try:
             embedder = Embedder(
                 settings.model,
                 device=settings.device,
                 batch_size=settings.max_batch_size,
-                intra_op_threads=settings.intra_op_threads,
+                intra_op_threads=layout.intra_op_threads,
                 max_pixels=settings.max_pixels,
                 spin_wait=settings.ort_spin_wait,
             )
@@ -108,11 +114,11 @@ class ServiceState:
             raise StartupError(f"cannot open index {settings.index}: {exc}") from None
         batcher = DynamicBatcher(
             embedder.embed_arrays,
-            enabled=settings.batching,
+            enabled=layout.batching,
             max_batch=settings.max_batch_size,
             max_wait_s=settings.max_batch_wait_ms / 1000,
             on_batch=metrics.batch_size.observe,
-            unbatched_threads=settings.unbatched_concurrency,
+            unbatched_threads=layout.concurrent_calls,
         )
         state = cls(
             settings=settings,

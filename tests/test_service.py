@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from index.datasets import csv_list
 from index.embedder import Embedder
 from service.app import create_app
+from service.layout import cpu_count
 from service.settings import Settings
 
 KEY = "test-write-key"
@@ -67,7 +68,9 @@ def test_health_ready_and_info(client, digits_gallery) -> None:
     assert info["model"]["fingerprint"] == embedder.fingerprint
     assert info["model"]["embedding_dim"] == 128 and info["model"]["input_size"] == [3, 32, 32]
     assert info["index"]["count"] == 120 and info["index"]["factory"] == "Flat"
-    assert info["service"]["mutations"] is True and info["service"]["batching"] is True
+    # on CPUs the default layout is model calls side by side, not dynamic batching
+    assert info["service"]["mutations"] is True and info["service"]["batching"] is False
+    assert info["service"]["model_calls_at_once"] == cpu_count()
 
 
 def test_page_and_unknown_routes(client) -> None:

@@ -104,7 +104,8 @@ class EmbedderReplica:
         )
         # one model call at a time, each on all of ONNX Runtime's threads
         self.model_pool = ThreadPoolExecutor(1, thread_name_prefix="vitrieval-model")
-        batch_size = settings.max_batch_size if settings.batching else 1
+        # Serve's @serve.batch is this deployment's batching: on unless turned off
+        batch_size = settings.max_batch_size if settings.batching is not False else 1
         self._embed_batch.set_max_batch_size(batch_size)
         self._embed_batch.set_batch_wait_timeout_s(settings.max_batch_wait_ms / 1000)
 

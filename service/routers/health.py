@@ -87,7 +87,8 @@ async def info(state: ServiceDep) -> dict[str, Any]:
             )
         },
         "service": {
-            "batching": settings.batching,
+            "batching": state.batcher.enabled,
+            "model_calls_at_once": state.batcher.model_calls_at_once,
             "max_batch_size": settings.max_batch_size,
             "max_batch_wait_ms": settings.max_batch_wait_ms,
             "max_k": settings.max_k,
