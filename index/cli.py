@@ -399,9 +399,9 @@ def _export_dataset(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from .quantize import quantize_model
+    from .quantize import SCHEME_BY_NAME, quantize_model
 
-    report = quantize_model(Path(args.model), Path(args.out))
+    report = quantize_model(Path(args.model), Path(args.out), scheme=SCHEME_BY_NAME[args.to])
     print(report.summary())
     return 0
 
@@ -536,9 +536,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="folder to write")
     export.set_defaults(handler=_export_dataset)
 
-    quantize = sub.add_parser("quantize", help="INT8 dynamic quantisation of a model")
+    quantize = sub.add_parser(
+        "quantize", help="INT8 dynamic quantisation of a model (or FP16 for GPU serving)"
+    )
     quantize.add_argument("--model", required=True)
     quantize.add_argument("--out", required=True)
+    from .quantize import SCHEME_BY_NAME
+
+    quantize.add_argument("--to", choices=list(SCHEME_BY_NAME), default="int8",
+                          help="int8 (CPUs, the default) or fp16 (GPUs)")  # fmt: skip
     quantize.set_defaults(handler=_quantize)
 
     optimize = sub.add_parser(

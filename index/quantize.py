@@ -27,6 +27,12 @@ records the scheme ("int8-dynamic"). A source rewritten by `vitrieval-index opti
 (same fingerprint as its plain export) gives sha256(original + ":attention-fusion" +
 ":int8-dynamic"): its INT8 attention kernels round differently from the plain INT8
 model's, so the two INT8 models are kept apart too.
+
+FP16 (`scheme="fp16"`, `vitrieval-index quantize --to fp16`) is the GPU serving form:
+every weight and activation in float16 (ONNX Runtime's float16 converter), input and
+output kept float32 so the file keeps the model contract and runs in the Embedder
+unchanged; half the file size, and tensor-core speed on a GPU (CPUs gain nothing). Its
+fingerprint is sha256(original + ":fp16"), kept apart like INT8's.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ from .atomic import atomic_path
 from .model_metadata import PREFIX, ModelMetadataError, read_model_metadata
 
 SCHEME = "int8-dynamic"
+FP16 = "fp16"
+SCHEMES = (SCHEME, FP16)  # what `quantize_model` writes; the first is the default
+SCHEME_BY_NAME = {"int8": SCHEME, "fp16": FP16}  # `vitrieval-index quantize --to NAME`
 QUANTIZATION_KEY = PREFIX + "quantization"
 SOURCE_FINGERPRINT_KEY = PREFIX + "source_fingerprint"
 OPTIMIZATION_KEY = PREFIX + "optimization"  # set by index.optimize
@@ -70,6 +79,7 @@ class QuantizeReport:
 
     src: Path
     dst: Path
+    scheme: str
     source_fingerprint: str
     fingerprint: str
     bytes_before: int
@@ -87,25 +97,32 @@ class QuantizeReport:
     def summary(self) -> str:
         """One line for a CLI."""
         return (
-            f"quantised {self.src.name} -> {self.dst} ({SCHEME}): "
+            f"quantised {self.src.name} -> {self.dst} ({self.scheme}): "
             f"{self.bytes_before / 1e6:.1f} MB -> {self.bytes_after / 1e6:.1f} MB "
             f"({self.size_ratio:.2f}x), cosine agreement with FP32 mean {self.mean_cosine:.4f} "
             f"min {self.min_cosine:.4f} on {self.n_check_images} {self.check_source} images"
         )
 
 
-def quantized_fingerprint(source_fingerprint: str, optimization: str | None = None) -> str:
-    """The fingerprint of the INT8 model made from a model with `source_fingerprint`
+def quantized_fingerprint(
+    source_fingerprint: str, optimization: str | None = None, scheme: str = SCHEME
+) -> str:
+    """The fingerprint of the `scheme` model made from a model with `source_fingerprint`
     (rewritten by `vitrieval-index optimize` with scheme `optimization`, if given: its
-    INT8 kernels round differently, so its vectors differ from the plain INT8 model's)."""
+    kernels round differently, so its vectors differ from the plain model's)."""
     source = f"{source_fingerprint}:{optimization}" if optimization else source_fingerprint
-    return hashlib.sha256(f"{source}:{SCHEME}".encode()).hexdigest()
+    return hashlib.sha256(f"{source}:{scheme}".encode()).hexdigest()
 
 
 def quantize_model(
-    src: str | Path, dst: str | Path, *, check_images: Sequence[Image.Image] | None = None
+    src: str | Path,
+    dst: str | Path,
+    *,
+    check_images: Sequence[Image.Image] | None = None,
+    scheme: str = SCHEME,
 ) -> QuantizeReport:
-    """Write an INT8 dynamically quantised copy of the exported model `src` to `dst`.
+    """Write an INT8 dynamically quantised (or, `scheme="fp16"`, a float16) copy of the
+    exported model `src` to `dst`.
 
     `dst` is replaced atomically and only after the INT8 model has loaded and been
     compared with the FP32 one on `check_images` (default: 16 seeded random images; pass
@@ -114,6 +131,8 @@ def quantize_model(
     when the `onnx` package is missing.
     """
     src, dst = Path(src), Path(dst)
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     if src.resolve() == dst.resolve():
         raise QuantizeError(f"refusing to overwrite the source model {src} with its INT8 copy")
     meta = read_model_metadata(src)
@@ -130,24 +149,29 @@ def quantize_model(
         raise ValueError("check_images is empty; pass None to use random images")
     optimization = source_props.get(OPTIMIZATION_KEY)
     fingerprint = quantized_fingerprint(
-        meta.fingerprint, json.loads(optimization) if optimization else None
+        meta.fingerprint, json.loads(optimization) if optimization else None, scheme
     )
     with atomic_path(dst) as tmp:
-        with _quiet_quantizer():
-            quantize_dynamic(
-                str(src),
-                str(tmp),
-                weight_type=quant_type.QInt8,
-                op_types_to_quantize=list(QUANTIZED_OPS),
-            )
-        proto = onnx.load(str(tmp))
+        if scheme == FP16:
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            proto = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+        else:
+            with _quiet_quantizer():
+                quantize_dynamic(
+                    str(src),
+                    str(tmp),
+                    weight_type=quant_type.QInt8,
+                    op_types_to_quantize=list(QUANTIZED_OPS),
+                )
+            proto = onnx.load(str(tmp))
         props = {p.key: p.value for p in proto.metadata_props}
         # The quantiser keeps metadata today; re-adding the source's vitrieval keys makes
         # that independent of its version.
         props.update({k: v for k, v in source_props.items() if k.startswith(PREFIX)})
         props[FINGERPRINT_KEY] = json.dumps(fingerprint)
         props[SOURCE_FINGERPRINT_KEY] = json.dumps(meta.fingerprint)
-        props[QUANTIZATION_KEY] = json.dumps(SCHEME)
+        props[QUANTIZATION_KEY] = json.dumps(scheme)
         del proto.metadata_props[:]
         for key, value in props.items():
             entry = proto.metadata_props.add()
@@ -158,6 +182,7 @@ def quantize_model(
     return QuantizeReport(
         src=src,
         dst=dst,
+        scheme=scheme,
         source_fingerprint=meta.fingerprint,
         fingerprint=fingerprint,
         bytes_before=model_bytes(src),
@@ -245,7 +270,10 @@ def _quiet_quantizer() -> Iterator[None]:
 
 
 __all__ = [
+    "FP16",
     "SCHEME",
+    "SCHEMES",
+    "SCHEME_BY_NAME",
     "ModelMetadataError",
     "QuantizeError",
     "QuantizeReport",
