@@ -33,6 +33,21 @@ def _signal(signum: int) -> None:
     signal.pthread_kill(threading.main_thread().ident, signum)
 
 
+@pytest.fixture(autouse=True)
+def python_default_handlers():
+    """Each test starts from Python's own handlers, as a training command does: another
+    library in this test process (Ray's driver, started by the distributed tests)
+    installs a SIGTERM handler of its own, which `stop_on_signals` rightly leaves alone.
+    The handlers found are put back afterwards."""
+    found = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for signum, handler in found.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
 def test_sigterm_raises_interrupted_in_the_block_and_the_default_comes_back():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     with pytest.raises(Interrupted) as caught, interrupt.stop_on_signals():
