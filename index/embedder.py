@@ -366,7 +366,8 @@ def _read_metadata(session: ort.InferenceSession, path: Path) -> ModelMetadata:
 
 
 def _check_signature(session: ort.InferenceSession, meta: ModelMetadata, path: Path) -> None:
-    """The DESIGN.md contract: one input `images` (B, 3, H, W), one output `embeddings` (B, D)."""
+    """The exported-model contract (docs/training.md): one input `images` (B, 3, H, W),
+    one output `embeddings` (B, D)."""
     inputs, outputs = session.get_inputs(), session.get_outputs()
     if [i.name for i in inputs] != [INPUT_NAME] or [o.name for o in outputs] != [OUTPUT_NAME]:
         raise ModelMetadataError(

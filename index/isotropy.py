@@ -3,7 +3,7 @@
 LaCViT (its "Discussion" section, Table 3) reports this score to show that its
 contrastive stage makes the embedding space more isotropic. Its printed formula is
 max/min, but its table and its "a perfectly isotropic space scores 1" only fit the
-original min/max form (papers README, slip 3), which is what is implemented:
+original min/max form (docs/papers.md, reading 3), which is what is implemented:
 
     IS(V) = min_{c in C} Z(c) / max_{c in C} Z(c),    Z(c) = sum_{v in V} exp(c . v)
 

@@ -1,4 +1,4 @@
-"""The self-description an exported vitrieval model carries (DESIGN.md section 2).
+"""The self-description an exported vitrieval model carries (docs/training.md).
 
 An exported `.onnx` file has input `images` (float32, (B, 3, H, W), normalised) and
 output `embeddings` (float32, (B, D), unit L2 norm), and in its `metadata_props` the

@@ -9,7 +9,7 @@ ways, and so does this command, on the held-out split of a dataset:
 - a 2-D t-SNE (its Figure 3) or PCA of the embeddings, one colour per class:
   DIR/projection.png;
 - the isotropy score IS = min_c Z(c) / max_c Z(c) of Mu & Viswanath (its Table 3, read
-  as in papers/README.md slip 3; `index.metrics.isotropy_score`) of the embeddings as
+  as in docs/papers.md, reading 3; `index.metrics.isotropy_score`) of the embeddings as
   they are, printed and written with the mean positive / negative cosine and
   leave-one-out retrieval metrics to DIR/analysis.json; also `isotropy_centered`, the
   score after removing the mean embedding and re-normalising.

@@ -1,8 +1,9 @@
 """Export a run to one self-describing ONNX file, and prove it computes what PyTorch does.
 
-The file follows DESIGN.md section 2: input `images` float32 (B, 3, H, W), output
-`embeddings` float32 (B, D) L2-normalised, batch axis dynamic, preprocessing and the
-weights' fingerprint in `vitrieval.*` metadata (see `index.model_metadata`).
+The file follows the exported-model contract (docs/training.md, "The exported
+model"): input `images` float32 (B, 3, H, W), output `embeddings` float32 (B, D)
+L2-normalised, batch axis dynamic, preprocessing and the weights' fingerprint in
+`vitrieval.*` metadata (see `index.model_metadata`).
 
 After writing, ONNX Runtime is run against PyTorch at batch 1 and batch > 1 on random
 tensors and on real photos preprocessed exactly as the metadata says; a maximum

@@ -1,1 +1,1 @@
-"""Routers per area of the API (DESIGN.md section 4)."""
+"""Routers per area of the API (docs/service.md, "API")."""

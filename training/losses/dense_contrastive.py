@@ -33,7 +33,7 @@ set per token. N defaults to 64 for "guided" (the paper's DenseCL++* of Table 2)
 the number of distinct sets, T^(2(B-1)).
 
 The loss of token k of anchor view a, with s = the cosines above and tau the
-temperature (every exponent divided by tau: papers/README.md, slip 4), is
+temperature (every exponent divided by tau: docs/papers.md, reading 4), is
 
     l_{a,k} = -log( exp(s_pos / tau) / (exp(s_pos / tau) + sum_neg exp(s_neg / tau)) )
 

@@ -11,8 +11,8 @@ image and tau the temperature,
 
 Each anchor has one positive; the denominator holds all 2B - 1 other views (the
 positive and the 2B - 2 views of other images). It equals SupConLoss with the image
-index as the label. Every exponent is a similarity divided by tau (papers/README.md,
-slip 4).
+index as the label. Every exponent is a similarity divided by tau (docs/papers.md,
+reading 4).
 
 Not registered as a `fit --loss`: the registry's losses take (embeddings, labels) of
 labelled images, while this takes views and no labels (`vitrieval-train pretrain`).

@@ -19,7 +19,7 @@ h ⊗ x (N*d values) is formed once and multiplied by U reshaped to (N*d, D): on
 per factor, cost T*N*d*D each, and the smallest intermediate of the possible orders
 ((B, T, N*d) rather than (B, T, N*D)). The head runs in fp32 even under autocast.
 
-Softmax scale s: the paper leaves it unstated (README slip 5). Both x and c_j are unit
+Softmax scale s: the paper leaves it unstated (docs/papers.md, reading 5). Both x and c_j are unit
 vectors, so cos is in [-1, 1]. s is learnable, stored as log s (positive, and updated
 multiplicatively), and starts at s = 10: at initialisation the cosines of a feature
 with random codewords are about +-1/sqrt(d) (0.06 for d = 256), logits of std ~0.6, so

@@ -3,7 +3,7 @@
 C-CBP (eq. 10, `ccbp.py`) learns one projector per codeword and output dimension, 2NdD
 parameters. JCF shares R projectors across the codebook (sec. 3.3): the codeword
 weights h(x) are mapped to projector weights by A, B in R^{N x R} (eq. 12 with the
-linear f_p(a) = A^T a, f_q(a) = B^T a; its index j on u, v reads r, README slip 5):
+linear f_p(a) = A^T a, f_q(a) = B^T a; its index j on u, v reads r, docs/papers.md, reading 5):
 
     z_i(x) = ( h(x)^T A U~_i^T x ) ( h(x)^T B V~_i^T x ),   U~_i, V~_i in R^{d x R}   (eq. 13)
 
