@@ -27,12 +27,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 import torch
 from machine import cpu_model  # bench/machine.py (scripts run from bench/)
-from PIL import Image
-from skimage import data as skdata
+from serve_load import write_photos  # photo crops, shared with the load benchmark
 from timm.data import create_transform
 
 from index.embedder import Embedder
@@ -41,23 +39,6 @@ from index.preprocess import Preprocessor
 from training.config import FitConfig
 from training.export import export_model, model_metadata
 from training.model import build_model
-
-
-def write_photos(folder: Path, count: int, size: int, seed: int = 0) -> list[Path]:
-    """`count` JPEG crops (size x size, quality 90) of the photos scikit-image ships."""
-    rng = np.random.default_rng(seed)
-    photos = [skdata.astronaut(), skdata.coffee(), skdata.chelsea(), skdata.rocket()]
-    paths = []
-    for i in range(count):
-        photo = photos[i % len(photos)]
-        h, w = photo.shape[:2]
-        side = int(rng.integers(min(h, w) // 2, min(h, w)))
-        top, left = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
-        crop = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size))
-        path = folder / f"{i:05d}.jpg"
-        crop.save(path, quality=90)
-        paths.append(path)
-    return paths
 
 
 def main() -> None:

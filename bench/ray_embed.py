@@ -46,8 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from machine import cpu_model  # bench/machine.py (scripts run from bench/)
-from PIL import Image
-from skimage import data as skdata
+from serve_load import write_photos  # photo crops, shared with the load benchmark
 
 from distributed.embed import embed_on_ray
 from index.embed import embed_to_folder
@@ -55,20 +54,6 @@ from index.embedder import Embedder
 from index.sources import read_sources
 
 TRAIN = Path(sys.executable).parent / "vitrieval-train"
-
-
-def write_photos(folder: Path, count: int, size: int, seed: int = 0) -> None:
-    """`count` JPEG crops (size x size, quality 90) of scikit-image's photos."""
-    rng = np.random.default_rng(seed)
-    photos = [skdata.astronaut(), skdata.coffee(), skdata.chelsea(), skdata.rocket()]
-    folder.mkdir(parents=True)
-    for i in range(count):
-        photo = photos[i % len(photos)]
-        h, w = photo.shape[:2]
-        side = int(rng.integers(min(h, w) // 2, min(h, w)))
-        top, left = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
-        crop = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size))
-        crop.save(folder / f"{i:05d}.jpg", quality=90)
 
 
 def export(out: Path, *options: str) -> Path:

@@ -123,6 +123,17 @@ def query_jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:
     return out
 
 
+def write_photos(folder: Path, count: int, size: int, seed: int = 0) -> list[Path]:
+    """`query_jpegs(count, size, seed)` written to `folder` as 00000.jpg, 00001.jpg, ..."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, jpeg in enumerate(query_jpegs(count, size, seed)):
+        path = folder / f"{i:05d}.jpg"
+        path.write_bytes(jpeg)
+        paths.append(path)
+    return paths
+
+
 def model_cpu_ms(
     model: Path, batches: tuple[int, ...], rounds: int = 3, seconds: float = 0.25
 ) -> dict[int, float]:
