@@ -4,14 +4,12 @@ Ray tasks give the index the local processes give (distributed/build.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
-from test_distributed_embed import REPO, WITHOUT_RAY
+from test_distributed_embed import run_without_ray
 from test_embeddings import one_line
 
 from index.cli import main
@@ -83,13 +81,7 @@ def test_bad_ray_builds_are_one_line(tmp_path, capsys, embedded, tiny_onnx, opti
 def test_without_ray_a_ray_build_is_one_line_naming_the_extra(tmp_path, embedded, tiny_onnx):
     argv = ["build", "--embeddings", embedded["emb"], "--model", tiny_onnx, "--factory", "Flat"]
     argv += ["--shards", "2", "--out", tmp_path / "index", "--ray", "local"]
-    done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_RAY, *map(str, argv)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_without_ray(*argv)
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
     assert "pip install 'vitrieval[distributed]'" in done.stderr
     assert not (tmp_path / "index").exists()

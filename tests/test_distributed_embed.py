@@ -167,15 +167,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_without_ray_the_option_is_one_line_naming_the_extra(tmp_path, images, tiny_onnx):
-    argv = ["embed", "--model", tiny_onnx, "--images", images, "--out", tmp_path / "emb"]
-    done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_RAY, *map(str, argv), "--ray", "local"],
+def run_without_ray(*argv: object) -> subprocess.CompletedProcess[str]:
+    """`vitrieval-index ARGV` in a child process where `import ray` fails."""
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_RAY, *map(str, argv)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_without_ray_the_option_is_one_line_naming_the_extra(tmp_path, images, tiny_onnx):
+    argv = ["embed", "--model", tiny_onnx, "--images", images, "--out", tmp_path / "emb"]
+    done = run_without_ray(*argv, "--ray", "local")
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
     assert "pip install 'vitrieval[distributed]'" in done.stderr
     assert not (tmp_path / "emb").exists()
