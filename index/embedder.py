@@ -292,8 +292,10 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, np.float32(1e-12))
 
 
-def select_providers(device: str) -> list[tuple[str, dict[str, Any]]]:
-    """ONNX Runtime providers for `device`, best first, CPU always last as a fallback."""
+def select_providers(device: str, *, log: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """ONNX Runtime providers for `device`, best first, CPU always last as a fallback
+    (`log`: say why `auto` stays on the CPU; off for a caller only asking, so the
+    Embedder that then loads the model says it once)."""
     available = ort.get_available_providers()
     name, _, ordinal = device.lower().partition(":")
     options: dict[str, Any] = {"device_id": int(ordinal)} if ordinal.isdigit() else {}
@@ -302,12 +304,13 @@ def select_providers(device: str) -> list[tuple[str, dict[str, Any]]]:
     if name == "auto" and not ordinal:
         if CUDA in available:
             return [(CUDA, {}), (CPU, {})]
-        logger.info(
-            "device=auto: this onnxruntime has no %s (it has %s); embedding on the CPU "
-            "(onnxruntime-gpu in place of onnxruntime enables CUDA)",
-            CUDA,
-            ", ".join(available),
-        )
+        if log:
+            logger.info(
+                "device=auto: this onnxruntime has no %s (it has %s); embedding on the CPU "
+                "(onnxruntime-gpu in place of onnxruntime enables CUDA)",
+                CUDA,
+                ", ".join(available),
+            )
         return [(CPU, {})]
     if name in ("cuda", "tensorrt") and (ordinal.isdigit() or not ordinal):
         needed = [TENSORRT, CUDA] if name == "tensorrt" else [CUDA]

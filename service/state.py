@@ -88,7 +88,7 @@ class ServiceState:
             raise StartupError("both a model (--model) and an index (--index) are needed")
         metrics = metrics or ServiceMetrics()
         try:
-            on_gpu = select_providers(settings.device)[0][0] != CPU
+            on_gpu = select_providers(settings.device, log=False)[0][0] != CPU
         except ValueError:  # an unknown device: the Embedder below says so
             on_gpu = False
         layout = model_layout(settings, on_gpu)
