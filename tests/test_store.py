@@ -131,8 +131,10 @@ def test_label_filter_equals_brute_force_on_subset(tmp_path: Path, factory: str)
     assert store.search(queries, 10, label="no-such-label") == [[] for _ in range(25)]
 
 
-def test_label_filter_without_selector_support(tmp_path: Path) -> None:
+def test_label_filter_without_selector_support(tmp_path: Path, monkeypatch) -> None:
     # IndexPQ rejects IDSelectors: the store over-fetches and post-filters instead
+    # (a filter this small is searched exactly unless the exact path is turned off)
+    monkeypatch.setattr("index.store.filtering.EXACT_SEARCH_MAX", 0)
     rng = np.random.default_rng(7)
     x = unit_vectors(rng, 600, 32)
     labels = [f"c{i % 5}" for i in range(600)]
@@ -394,7 +396,7 @@ def test_selector_fallback_for_tombstones(tmp_path: Path, monkeypatch) -> None:
     store.remove([str(i) for i in range(0, 200, 3)])
     with_selectors = store.search(queries, 10)
 
-    def no_selectors(self, index, selector):
+    def no_selectors(self, index, selector, widen):
         raise RuntimeError("selectors not supported here")
 
     monkeypatch.setattr(VectorIndex, "_params", no_selectors)

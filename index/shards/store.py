@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from ..store import Hit, IndexStore, ItemRecord, KeyExistsError, StoreError
 from ..store import manifest as mf
 from ..store.checks import as_matrix, check_keys, check_unit, metadata_column, text_column
 from ..store.errors import DamagedIndexError
+from ..store.filters import Filter, parse_filter
 from .layout import (
     PLAN_FILE,
     RULE,
@@ -166,11 +167,15 @@ class ShardedStore:
             found.update(self.shards[shard].item_ids([keys[i] for i in positions]))
         return found
 
-    def labelled_items(self, limit: int | None = None) -> tuple[list[str], list[str], np.ndarray]:
-        """(keys, labels, vectors) of the live labelled items in insertion order, as
-        `IndexStore.labelled_items`; more than `limit` in all is a StoreError."""
+    def labelled_items(
+        self, limit: int | None = None, filter: Filter | Mapping[str, Any] | None = None
+    ) -> tuple[list[str], list[str], np.ndarray]:
+        """(keys, labels, vectors) of the live labelled items in insertion order (those
+        `filter` allows), as `IndexStore.labelled_items`; more than `limit` in all is a
+        StoreError."""
+        flt = None if filter is None else parse_filter(filter)
         with self._lock:
-            parts = [s.labelled_items(limit) for s in self.shards]
+            parts = [s.labelled_items(limit, flt) for s in self.shards]
             ids = [s.item_ids(p[0]) for s, p in zip(self.shards, parts, strict=True)]
         return merge_labelled(parts, ids, self.dim, limit)
 
@@ -270,17 +275,23 @@ class ShardedStore:
         *,
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
+        filter: Filter | Mapping[str, Any] | None = None,
     ) -> list[list[tuple[int, Hit]]]:
         """Every shard's top k merged into one top k: descending score, equal scores
         by ascending item id (ids are numbered across the shards)."""
         if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
             raise StoreError(f"k must be an integer >= 1, got {k!r}")
         q = as_matrix(queries, self.dim, "queries")
+        flt = None if filter is None else parse_filter(filter)  # parsed once for all shards
         exclude = list(exclude_keys)
         excluded = split_by_shard(exclude, len(self.shards))
         found = [
             shard.ranked_search(
-                q, int(k), label=label, exclude_keys=[exclude[i] for i in excluded.get(n, [])]
+                q,
+                int(k),
+                label=label,
+                exclude_keys=[exclude[i] for i in excluded.get(n, [])],
+                filter=flt,
             )
             for n, shard in enumerate(self.shards)
         ]
@@ -293,9 +304,12 @@ class ShardedStore:
         *,
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
+        filter: Filter | Mapping[str, Any] | None = None,
     ) -> list[list[Hit]]:
         """Top-k items for each query, as `IndexStore.search` ranks them."""
-        found = self.ranked_search(queries, k, label=label, exclude_keys=exclude_keys)
+        found = self.ranked_search(
+            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+        )
         return [[h for _, h in row] for row in found]
 
     # -- persistence and upkeep, shard by shard ------------------------------------------

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,17 @@ from .checks import (
     text_column,
 )
 from .errors import DamagedIndexError, KeyExistsError, ScrubStopped, StoreError
+from .fields import FieldSelection, check_field_paths
+from .filters import Filter
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import Journal, JournalOwner
 from .loading import attach_journal, check_expected, check_model, load
-from .memory_segment import MemorySegment, hit
+from .memory_segment import MemorySegment
 from .merge import TOMBSTONE_FRACTION, pick_merge
 from .persist import merge as merge_segments
 from .persist import save as save_store
 from .report import store_info
+from .search import as_filter, labelled_ids_allowed, ranked_search
 from .segment import SealedSegment
 from .vectors import VectorIndex, build_index, check_gpu_mode, start_template
 
@@ -70,8 +73,11 @@ class IndexStore:
         sealed: list[SealedSegment] | None = None,
         growing: MemorySegment | None = None,
         legacy: bool = False,
+        filter_fields: FieldSelection | None = None,
     ) -> None:
         self.directory = directory
+        # the metadata paths new segments index for filters (fields.py)
+        self.filter_fields = filter_fields or FieldSelection(None)
         self.dim = dim
         self.factory = factory
         self._template = template  # empty (trained) index new segments start from
@@ -117,6 +123,7 @@ class IndexStore:
         overwrite: bool = False,
         gpu: str = "auto",
         quantizer: bytes | None = None,
+        filter_fields: Sequence[str] | None = None,
     ) -> IndexStore:
         """A new, empty store for `dim`-d vectors; nothing is written until save().
 
@@ -125,6 +132,9 @@ class IndexStore:
         overwrite: allow a non-empty directory; its old index is replaced at save().
         quantizer: a trained, empty index of `factory` (faiss.serialize_index bytes) to
         start from instead of training: the shards of one index share one quantizer.
+        filter_fields: the metadata paths filters read from an index (fields.py);
+        None indexes every scalar field, a list only those (a filter on another
+        field still works, by reading the metadata of every item it considers).
         """
         directory = Path(directory)
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
@@ -145,6 +155,7 @@ class IndexStore:
             gpu=gpu,
             model=mf.ModelEntry(fingerprint) if fingerprint is not None else None,
             committed=None,
+            filter_fields=FieldSelection(check_field_paths(filter_fields)),
         )
         store._model_source = source
         store._quantizer_dirty = quantizer is not None
@@ -205,7 +216,8 @@ class IndexStore:
 
     def _new_growing(self) -> MemorySegment:
         return MemorySegment(
-            VectorIndex(faiss.clone_index(self._template), self._gpu), ItemTable.new()
+            VectorIndex(faiss.clone_index(self._template), self._gpu),
+            ItemTable.new(self.filter_fields),
         )
 
     # -- segments ----------------------------------------------------------------------
@@ -270,17 +282,33 @@ class IndexStore:
                     return record
         return None
 
-    def labelled_items(self, limit: int | None = None) -> tuple[list[str], list[str], np.ndarray]:
+    def labelled_items(
+        self,
+        limit: int | None = None,
+        filter: Filter | Mapping[str, Any] | None = None,
+    ) -> tuple[list[str], list[str], np.ndarray]:
         """(keys, labels, float32 (n, dim) vectors) of the live labelled items in insertion
-        order: the input of a leave-one-out evaluation. More than `limit` items is a
-        StoreError (checked before anything is read)."""
+        order (those `filter` allows): the input of a leave-one-out evaluation. More than
+        `limit` items is a StoreError (checked before any vector is read)."""
+        flt = as_filter(filter, None)
         with self._lock:
-            n = sum(s.count_labelled() for s in self._segments())
+            if flt is None:
+                n = sum(s.count_labelled() for s in self._segments())
+            else:
+                n = sum(
+                    int(labelled_ids_allowed(s, flt, s.labelled_ids()).sum())
+                    for s in self._segments()
+                )
             if limit is not None and n > limit:
                 raise StoreError(
                     f"the index holds {n} labelled items, more than the {limit} allowed"
                 )
             parts = [s.labelled(self.dim) for s in self._segments()]
+            if flt is not None:
+                parts = [
+                    _masked(p, labelled_ids_allowed(s, flt, p[0]))
+                    for s, p in zip(self._segments(), parts, strict=True)
+                ]
         ids = np.concatenate([p[0] for p in parts])
         order = np.argsort(ids, kind="stable")
         keys = [k for p in parts for k in p[1]]
@@ -470,16 +498,20 @@ class IndexStore:
         *,
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
+        filter: Filter | Mapping[str, Any] | None = None,
     ) -> list[list[Hit]]:
         """Top-k items by inner product for each query of float32 (q, dim) `queries`.
 
-        Every segment answers its own top k (label filter and exclusions applied as
-        FAISS ID selectors where the index supports them); the lists are merged by
+        Every segment answers its own top k (search.py); the lists are merged by
         descending score, ties by ascending item id (insertion order), exactly as one
-        index holding every item would rank them. A query gets fewer than k hits when
-        fewer items match.
+        index holding every item would rank them. `filter` (the language of
+        filters.py, as decoded JSON or parsed) and `label` keep only the items they
+        allow; `exclude_keys` leaves those items out. A query gets fewer than k hits
+        when fewer items match.
         """
-        found = self.ranked_search(queries, k, label=label, exclude_keys=exclude_keys)
+        found = self.ranked_search(
+            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+        )
         return [[h for _, h in row] for row in found]
 
     def ranked_search(
@@ -489,33 +521,12 @@ class IndexStore:
         *,
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
+        filter: Filter | Mapping[str, Any] | None = None,
     ) -> list[list[tuple[int, Hit]]]:
         """`search`, each hit with its item id (what orders equal scores)."""
-        if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
-            raise StoreError(f"k must be an integer >= 1, got {k!r}")
-        q = as_matrix(queries, self.dim, "queries")
-        merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
-        with self._lock:
-            excluded = self._locate(list(exclude_keys)) if exclude_keys else []
-            for segment in self._segments():
-                if segment.live_count == 0:
-                    continue
-                allowed = None if label is None else segment.label_ids(str(label))
-                if allowed is not None and allowed.size == 0:
-                    continue
-                blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
-                pairs = segment.top_k(q, int(k), allowed, np.asarray(sorted(blocked), np.int64))
-                for row, found in zip(merged, pairs, strict=True):
-                    row.extend((score, item, segment) for item, score in found)
-            results = []
-            for row in merged:
-                row.sort(key=lambda t: (-t[0], t[1]))
-                top = row[: int(k)]
-                described: dict[int, Any] = {}
-                for segment in {id(s): s for _, _, s in top}.values():
-                    described.update(segment.describe([i for _, i, s in top if s is segment]))
-                results.append([(i, hit(described[i], score)) for score, i, _ in top])
-        return results
+        return ranked_search(
+            self, queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+        )
 
     # -- persistence (saving, merging: persist.py) --------------------------------------
 
@@ -624,6 +635,13 @@ class IndexStore:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
+
+
+def _masked(part: tuple, mask: np.ndarray) -> tuple:
+    """One segment's labelled (ids, keys, labels, vectors), the rows of `mask` only."""
+    ids, keys, labels, vectors = part
+    chosen = np.flatnonzero(mask)
+    return ids[chosen], [keys[i] for i in chosen], [labels[i] for i in chosen], vectors[chosen]
 
 
 def legacy_message(directory: Path) -> str:

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from . import fields as fx
 from .errors import StoreError
+from .filters import Match, Range
 
 # key is unique among live rows only: a tombstoned row (deleted = 1, kept for index
 # types that cannot remove vectors) still holds its key while a replacement is added.
@@ -91,11 +93,15 @@ class ItemTable:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        self.fields = fx.read_selection(conn)
 
     @classmethod
-    def new(cls) -> ItemTable:
+    def new(cls, fields: fx.FieldSelection) -> ItemTable:
+        """An empty table whose field index covers `fields` (fields.py)."""
         conn = sqlite3.connect(":memory:", check_same_thread=False)
         conn.executescript(SCHEMA)
+        fx.create_tables(conn, fields)
+        conn.execute(fx.FIELDS_INDEX)
         return cls(conn)
 
     @classmethod
@@ -179,11 +185,15 @@ class ItemTable:
                 for r in rows
             ),
         )
+        if self.fields is not fx.NOTHING:
+            fx.insert_fields(self.conn, ((r.id, r.metadata) for r in rows), self.fields)
 
     def delete_rows(self, ids: Sequence[int]) -> None:
         for chunk in _chunks(ids):
-            sql = f"DELETE FROM items WHERE id IN ({_placeholders(len(chunk))})"
-            self.conn.execute(sql, tuple(chunk))
+            marks = _placeholders(len(chunk))
+            self.conn.execute(f"DELETE FROM items WHERE id IN ({marks})", tuple(chunk))
+            if self.fields is not fx.NOTHING:
+                self.conn.execute(f"DELETE FROM fields WHERE id IN ({marks})", tuple(chunk))
 
     def mark_deleted(self, ids: Sequence[int]) -> None:
         for chunk in _chunks(ids):
@@ -191,6 +201,10 @@ class ItemTable:
             self.conn.execute(sql, tuple(chunk))
 
     def purge_deleted(self) -> None:
+        if self.fields is not fx.NOTHING:
+            self.conn.execute(
+                "DELETE FROM fields WHERE id IN (SELECT id FROM items WHERE deleted = 1)"
+            )
         self.conn.execute("DELETE FROM items WHERE deleted = 1")
 
     # -- reads ------------------------------------------------------------------------
@@ -218,6 +232,21 @@ class ItemTable:
             for item_id, key, label, path, metadata in self.conn.execute(sql, tuple(chunk)):
                 found[item_id] = (key, label, path, metadata)
         return found
+
+    def filter_ids(self, leaf: Match | Range) -> np.ndarray:
+        """Sorted ids of the items (deleted ones too) where `leaf` holds (fields.py)."""
+        return fx.leaf_ids(self.conn, leaf, self.fields, "the growing segment")
+
+    def vectors_of(self, ids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 (m, dim) vectors) of the items among `ids`, in id order."""
+        found: list[tuple[int, bytes]] = []
+        for chunk in _chunks(ids.tolist()):
+            sql = f"SELECT id, vector FROM items WHERE id IN ({_placeholders(len(chunk))})"
+            found.extend(self.conn.execute(sql, tuple(chunk)))
+        found.sort()
+        blob = b"".join(row[1] for row in found)
+        vectors = np.frombuffer(blob, dtype=VECTOR_DTYPE).astype(np.float32).reshape(-1, dim)
+        return np.fromiter((r[0] for r in found), dtype=np.int64, count=len(found)), vectors
 
     def live_vectors(self, dim: int, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield (ids int64 (b,), vectors float32 (b, dim)) of live items in id order.

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
 from .errors import StoreError
+from .fields import FieldSelection
 from .journal import JOURNAL_FILE, Journal, JournalOwner
 from .persist import TUNABLE_PARAMS
 from .segment import SealedSegment
@@ -84,6 +85,7 @@ def load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str
         model=manifest.model,
         committed=manifest,
         sealed=sealed,
+        filter_fields=FieldSelection(manifest.filter_fields),
     )
     for name, value in manifest.search_params.items():
         if name not in TUNABLE_PARAMS:

@@ -185,6 +185,7 @@ class Manifest:
     quantizer: NamedFile | None = None
     next_id: int = 0
     search_params: dict[str, int] = field(default_factory=dict)
+    filter_fields: tuple[str, ...] | None = None  # metadata paths indexed; None: every one
     journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
     files: dict[str, FileEntry] = field(default_factory=dict)
 
@@ -225,6 +226,7 @@ class Manifest:
             "count": self.count,
             "next_id": self.next_id,
             "search_params": dict(self.search_params),
+            "filter_fields": None if self.filter_fields is None else list(self.filter_fields),
             "journal": ({"id": self.journal[0], "upto": self.journal[1]} if self.journal else None),
             "quantizer": self.quantizer.to_json() if self.quantizer else None,
             "segments": [segment.to_json() for segment in self.segments],
@@ -359,9 +361,15 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
         isinstance(v, int) and not isinstance(v, bool) for v in params.values()
     ):
         raise StoreError(f"{where} is invalid: field 'search_params' is malformed")
+    filter_fields = data.get("filter_fields")
+    if filter_fields is not None and (
+        not isinstance(filter_fields, list) or not all(isinstance(p, str) for p in filter_fields)
+    ):
+        raise StoreError(f"{where} is invalid: field 'filter_fields' is malformed")
     return Manifest(
         **common,
         format_version=version,
+        filter_fields=None if filter_fields is None else tuple(filter_fields),
         segments=tuple(_parse_segment(raw, where) for raw in raw_segments),
         quantizer=None if quantizer is None else _parse_named(quantizer, where, _QUANTIZER_FILE),
         next_id=_require(data, "next_id", int, where),

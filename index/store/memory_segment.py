@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .filters import Match, Range
 from .items import Hit, ItemRecord, ItemTable, Row
 from .vectors import VectorIndex
 
@@ -111,12 +112,28 @@ class MemorySegment:
     def describe(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, str | None, str]]:
         return self.items.describe(ids)
 
+    def filter_ids(self, leaf: Match | Range) -> np.ndarray:
+        """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds."""
+        return self.items.filter_ids(leaf)
+
+    def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
+        return self.items.vectors_of(ids, self.vectors.cpu.d)
+
+    def dead_ids(self) -> np.ndarray:
+        return np.fromiter(sorted(self.tombstones), dtype=np.int64, count=len(self.tombstones))
+
     def top_k(
-        self, queries: np.ndarray, k: int, allowed: np.ndarray | None, blocked: np.ndarray
+        self,
+        queries: np.ndarray,
+        k: int,
+        allowed: np.ndarray | None,
+        blocked: np.ndarray,
+        widen: float = 1.0,
     ) -> list[list[tuple[int, float]]]:
         if self.tombstones:
             blocked = np.union1d(blocked, np.fromiter(self.tombstones, dtype=np.int64))
-        return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked)
+        return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
 
     def keys_by_id(self) -> list[tuple[int, str]]:
         rows = self.items.conn.execute("SELECT id, key FROM items WHERE deleted = 0 ORDER BY id")
@@ -136,6 +153,13 @@ class MemorySegment:
         vectors = np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
         ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
         return ids, [r[1] for r in rows], [r[2] for r in rows], vectors
+
+    def labelled_ids(self) -> np.ndarray:
+        """Sorted ids of the live labelled items."""
+        rows = self.items.conn.execute(
+            "SELECT id FROM items WHERE deleted = 0 AND label IS NOT NULL ORDER BY id"
+        )
+        return np.fromiter((i for (i,) in rows if i not in self.tombstones), dtype=np.int64)
 
     def count_labelled(self) -> int:
         if self.frozen and self.tombstones:

@@ -129,7 +129,13 @@ def merge(store: IndexStore, *, everything: bool = False) -> int:
                 s.live_rows(dead=dead[s.number]) for s in chosen
             )
             entry = write_segment(
-                store.directory, number, store._template, batches, rows, factory=store.factory
+                store.directory,
+                number,
+                store._template,
+                batches,
+                rows,
+                factory=store.factory,
+                fields=store.filter_fields,
             )
             with store._lock:
                 late = set().union(*(s.tombstones - dead[s.number] for s in chosen))
@@ -231,6 +237,7 @@ def _commit(
         quantizer=quantizer,
         next_id=store._next_id,
         search_params={k: v for k, v in store.search_params().items() if k in TUNABLE_PARAMS},
+        filter_fields=store.filter_fields.paths_tuple(),
         journal=journal,
     )
     mf.write_manifest(store.directory, manifest)
@@ -286,6 +293,7 @@ def _seal(
         rows,
         count,
         factory=store.factory,
+        fields=store.filter_fields,
         prebuilt=segment.vectors.cpu,
     )
     if not dead:

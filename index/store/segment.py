@@ -6,7 +6,8 @@ One sealed segment n of an index directory is::
                            opened memory-mapped and read-only
     seg.<n>.items.sqlite   items(id, key, label, path, metadata, row): `row` is the
                            item's position in the vectors (rows are in id order);
-                           opened read-only, queried on disk, never loaded whole
+                           and the field index filters read (fields.py); opened
+                           read-only, queried on disk, never loaded whole
     seg.<n>.vectors.npy    float32 (rows, dim), memory-mapped: the exact vectors, for
                            every factory but "Flat" (whose FAISS file holds them)
     seg.<n>.del.<g>.npy    the segment's tombstones as of generation g (sorted int64
@@ -33,8 +34,10 @@ import faiss
 import numpy as np
 
 from ..atomic import atomic_path
+from . import fields as fx
 from . import manifest as mf
 from .errors import StoreError, faiss_reason
+from .filters import Match, Range
 from .items import ItemRecord
 from .memory_segment import SegmentRow
 from .vectors import VectorIndex, core_index
@@ -90,6 +93,7 @@ class SealedSegment:
             _check_size(directory / name, expected)
         self.vectors = VectorIndex(self._read_faiss(), gpu)
         self._db = self._open_items()
+        self.fields = fx.read_selection(self._db)
         self._raw = self._open_vectors(factory)
         self.committed_tombstones = self._read_tombstones()
         self.pending_tombstones: set[int] = set()
@@ -215,13 +219,34 @@ class SealedSegment:
         sql = "SELECT id, key, label, path, metadata FROM items WHERE id IN ({marks})"
         return {row[0]: row[1:] for row in self._select(sql, sorted(set(ids)))}
 
+    def filter_ids(self, leaf: Match | Range) -> np.ndarray:
+        """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds."""
+        return fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
+
+    def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
+        sql = "SELECT id, row FROM items WHERE id IN ({marks})"
+        found = sorted(self._select(sql, ids.tolist()))
+        positions = np.fromiter((r[1] for r in found), dtype=np.int64, count=len(found))
+        vectors = np.asarray(self._raw[positions], dtype=np.float32).reshape(-1, self.dim)
+        return np.fromiter((r[0] for r in found), dtype=np.int64, count=len(found)), vectors
+
+    def dead_ids(self) -> np.ndarray:
+        dead = self.tombstones
+        return np.fromiter(sorted(dead), dtype=np.int64, count=len(dead))
+
     def top_k(
-        self, queries: np.ndarray, k: int, allowed: np.ndarray | None, blocked: np.ndarray
+        self,
+        queries: np.ndarray,
+        k: int,
+        allowed: np.ndarray | None,
+        blocked: np.ndarray,
+        widen: float = 1.0,
     ) -> list[list[tuple[int, float]]]:
         dead = self.tombstones
         if dead:
             blocked = np.union1d(blocked, np.fromiter(dead, dtype=np.int64, count=len(dead)))
-        return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked)
+        return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
 
     def keys_by_id(self) -> list[tuple[int, str]]:
         dead = self.tombstones
@@ -241,6 +266,12 @@ class SealedSegment:
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         vectors = np.asarray(self._raw[positions], dtype=np.float32).reshape(len(rows), dim)
         return ids, [r[1] for r in rows], [r[2] for r in rows], vectors
+
+    def labelled_ids(self) -> np.ndarray:
+        """Sorted ids of the live labelled items."""
+        dead = self.tombstones
+        rows = self._db.execute("SELECT id FROM items WHERE label IS NOT NULL ORDER BY id")
+        return np.fromiter((i for (i,) in rows if i not in dead), dtype=np.int64)
 
     def count_labelled(self) -> int:
         dead = self.tombstones
@@ -296,6 +327,7 @@ def write_segment(
     rows: int,
     *,
     factory: str,
+    fields: fx.FieldSelection,
     prebuilt: faiss.Index | None = None,
 ) -> mf.SegmentEntry:
     """Write sealed segment `number` from `batches` of (rows, float32 (b, dim) vectors)
@@ -304,6 +336,7 @@ def write_segment(
     `template` is an empty index of the store's factory (trained, for IVF/PQ) that the
     vectors are added to; `prebuilt`, when given, is an index already holding exactly
     these vectors under these ids (a growing segment without tombstones), written as is.
+    `fields`: the metadata paths the segment's field index covers (fields.py).
     """
     dim = template.d
     index = prebuilt if prebuilt is not None else faiss.clone_index(template)
@@ -328,18 +361,20 @@ def write_segment(
         try:
             db.execute("PRAGMA journal_mode=OFF")
             db.execute(_ITEMS_SCHEMA)
+            fx.create_tables(db, fields)
             for chunk, vectors in batches:
                 n = len(chunk)
                 db.executemany(
                     "INSERT INTO items VALUES (?,?,?,?,?,?)",
                     [(*row, written + j) for j, row in enumerate(chunk)],
                 )
+                fx.insert_fields(db, ((row[0], row[4]) for row in chunk), fields)
                 if raw is not None:
                     raw[written : written + n] = vectors
                 if prebuilt is None:
                     index.add_with_ids(vectors, np.fromiter((r[0] for r in chunk), np.int64, n))
                 written += n
-            for statement in _ITEMS_INDEXES:
+            for statement in (*_ITEMS_INDEXES, fx.FIELDS_INDEX):
                 db.execute(statement)
             db.commit()
         finally:

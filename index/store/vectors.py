@@ -35,6 +35,7 @@ GPU_MODES = ("auto", "cpu", "cuda")
 FACTORY_EXAMPLES = '"Flat", "IVF256,Flat", "IVF256,PQ16", "HNSW32"'
 GPU_MAX_K = 2048  # FAISS GPU indexes reject larger k; such searches run on the CPU copy
 DEFAULT_EF_SEARCH = 64  # faiss's default 16 gives poor recall@10; 64 costs ~4x a probe of 16
+MAX_FILTERED_EF_SEARCH = 4096  # the widest a filtered HNSW search explores
 Selector = faiss.IDSelector
 
 
@@ -305,14 +306,19 @@ class VectorIndex:
 
     # -- search ------------------------------------------------------------------------
 
-    def _params(self, index: faiss.Index, selector: Selector) -> faiss.SearchParameters:
+    def _params(
+        self, index: faiss.Index, selector: Selector, widen: float
+    ) -> faiss.SearchParameters:
         """SearchParameters of the type `index` demands, carrying its own nprobe/efSearch
-        (a bare SearchParametersIVF would silently reset nprobe to 1)."""
+        (a bare SearchParametersIVF would silently reset nprobe to 1), widened by
+        `widen` for a filter that allows a fraction 1 / widen of the items."""
         core = core_index(index)
         if isinstance(core, faiss.IndexIVF):
-            return faiss.SearchParametersIVF(sel=selector, nprobe=core.nprobe)
+            nprobe = capped(core.nprobe, widen, core.nlist)
+            return faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
         if isinstance(core, faiss.IndexHNSW):
-            return faiss.SearchParametersHNSW(sel=selector, efSearch=core.hnsw.efSearch)
+            ef = capped(core.hnsw.efSearch, widen, max(MAX_FILTERED_EF_SEARCH, core.hnsw.efSearch))
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
         return faiss.SearchParameters(sel=selector)
 
     def selector_works(self) -> bool:
@@ -320,7 +326,7 @@ class VectorIndex:
         return self._selectors.get(where, True)
 
     def raw_search(
-        self, queries: np.ndarray, fetch: int, selector: Selector | None
+        self, queries: np.ndarray, fetch: int, selector: Selector | None, widen: float = 1.0
     ) -> tuple[np.ndarray, np.ndarray]:
         """FAISS search: (scores float32 (q, fetch), ids int64 (q, fetch), -1 = none).
 
@@ -333,19 +339,27 @@ class VectorIndex:
         search = getattr(index, "search_numpy", index.search)
         if selector is not None and self._selectors.get(where, True):
             try:
-                return search(queries, fetch, params=self._params(index, selector))
+                return search(queries, fetch, params=self._params(index, selector, widen))
             except RuntimeError as exc:
                 logger.info("ID selectors unsupported on %s here (%s)", where, faiss_reason(exc))
                 self._selectors[where] = False
         return search(queries, fetch)
 
     def top_k(
-        self, queries: np.ndarray, k: int, *, allowed: np.ndarray | None, blocked: np.ndarray
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        allowed: np.ndarray | None,
+        blocked: np.ndarray,
+        widen: float = 1.0,
     ) -> list[list[tuple[int, float]]]:
         """Per query, up to k (id, score) pairs by descending score, ties by ascending id.
 
         queries: float32 (q, dim). allowed: sorted int64 ids that may be returned (None:
-        all); blocked: int64 ids that never may (tombstones, exclusions).
+        all); blocked: int64 ids that never may (tombstones, exclusions). widen: how much
+        wider than its own nprobe / efSearch an IVF or HNSW search looks (a filter's
+        1 / selectivity, filtering.py).
         """
         results: list[list[tuple[int, float]]] = [[] for _ in range(len(queries))]
         if allowed is not None:
@@ -359,7 +373,7 @@ class VectorIndex:
         fetch = self._initial_fetch(k, candidates, blocked.size, selector)
         pending = np.arange(len(queries))
         while pending.size:
-            scores, ids = self.raw_search(queries[pending], fetch, selector)
+            scores, ids = self.raw_search(queries[pending], fetch, selector, widen)
             kept = keep(ids) & (ids >= 0)
             unfinished = []
             for row, query in enumerate(pending):
@@ -385,12 +399,46 @@ def _selector(
 ) -> tuple[Selector | None, Callable[[np.ndarray], np.ndarray]]:
     """An IDSelector for FAISS and the same rule as a numpy mask for post-filtering."""
     if allowed is not None:
-        return faiss.IDSelectorBatch(allowed), lambda ids: np.isin(ids, allowed)
+        return _id_selector(allowed), lambda ids: np.isin(ids, allowed)
     if blocked.size:
-        # IDSelectorNot keeps a Python reference to the batch selector it wraps
-        selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(blocked))
+        # IDSelectorNot keeps a Python reference to the selector it wraps
+        selector = faiss.IDSelectorNot(_id_selector(blocked))
         return selector, lambda ids: ~np.isin(ids, blocked)
     return None, lambda ids: np.ones(ids.shape, dtype=bool)
+
+
+def capped(value: int, widen: float, limit: int) -> int:
+    """`value` widened by `widen`, at most `limit` (and never below `value`)."""
+    return int(min(limit, max(value, math.ceil(value * widen))))
+
+
+def exact_top_k(
+    queries: np.ndarray, ids: np.ndarray, vectors: np.ndarray, k: int
+) -> list[list[tuple[int, float]]]:
+    """Brute force over candidates: per query of float32 (q, d), up to k (id, score)
+    among `ids` (m,) with float32 `vectors` (m, d), ranked as `VectorIndex.top_k` ranks.
+
+    A flat FAISS index over the subset computes the scores with the kernels a "Flat"
+    index uses, so an item scores the same whichever way a segment was searched.
+    """
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    subset = VectorIndex(_wrap(flat), "cpu")
+    subset.add(np.ascontiguousarray(vectors, dtype=np.float32), ids)
+    return subset.top_k(queries, k, allowed=None, blocked=np.empty(0, dtype=np.int64))
+
+
+def _id_selector(ids: np.ndarray) -> Selector:
+    """A membership test for sorted int64 `ids`: a bitmap over [0, max id] when that is
+    no larger than a hash set of them (large filters), else FAISS's batch selector."""
+    top = int(ids[-1]) + 1 if ids.size else 0
+    if ids.size and ids[0] >= 0 and top <= 64 * ids.size:
+        bits = np.zeros(top, dtype=bool)
+        bits[ids] = True
+        packed = np.packbits(bits, bitorder="little")
+        selector = faiss.IDSelectorBitmap(packed.size, faiss.swig_ptr(packed))  # n in bytes
+        selector.referenced = packed  # the bitmap must outlive the selector
+        return selector
+    return faiss.IDSelectorBatch(ids)
 
 
 def _finish_row(

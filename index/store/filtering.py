@@ -1,0 +1,93 @@
+"""Filtered search: which items of a segment a filter allows, and how to search them.
+
+A filter (filters.py) is evaluated per segment from its field index (fields.py) into
+an `IdSet`: sorted item ids, possibly negated ("every item but these"), so that both
+a rare value (`match: "purple"`) and the absence of one (`must_not purple`) stay
+small sets. `must` intersects, `should` unites, `must_not` negates.
+
+Then, per segment, the search is planned from the number of items the filter
+allows (counted exactly from the index, which is cheap beside the search):
+
+- few (at most `EXACT_SEARCH_MAX` items): score exactly those items' stored vectors
+  (brute force over the subset; exact whatever the factory);
+- many: the segment's FAISS search with the filter as an ID selector, widened by the
+  inverse of the selectivity (IVF probes nprobe / s lists, capped at nlist; HNSW
+  explores efSearch / s), so that about as many allowed candidates are met as an
+  unfiltered search meets. At s = 1 this is the plain search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .filters import Filter, Match, Range
+
+EXACT_SEARCH_MAX = 20_000
+"""Filters allowing at most this many items of a segment are searched exactly."""
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class IdSet:
+    """`ids` (sorted, unique int64) or, negated, every item except `ids`."""
+
+    ids: np.ndarray
+    negated: bool
+
+    def __and__(self, other: IdSet) -> IdSet:
+        a, b = self.ids, other.ids
+        if not self.negated and not other.negated:
+            return IdSet(np.intersect1d(a, b, assume_unique=True), False)
+        if self.negated and other.negated:
+            return IdSet(np.union1d(a, b), True)
+        kept, dropped = (a, b) if not self.negated else (b, a)
+        return IdSet(np.setdiff1d(kept, dropped, assume_unique=True), False)
+
+    def __or__(self, other: IdSet) -> IdSet:
+        return ~(~self & ~other)
+
+    def __invert__(self) -> IdSet:
+        return IdSet(self.ids, not self.negated)
+
+
+EVERYTHING = IdSet(_EMPTY, True)
+NOTHING = IdSet(_EMPTY, False)
+
+
+def evaluate(flt: Filter, leaf_ids: Callable[[Match | Range], np.ndarray]) -> IdSet:
+    """The items `flt` allows, from `leaf_ids` (sorted ids where one condition holds)."""
+    result = EVERYTHING
+    for condition in flt.must:
+        result &= _condition(condition, leaf_ids)
+    if flt.should:
+        either = NOTHING
+        for condition in flt.should:
+            either |= _condition(condition, leaf_ids)
+        result &= either
+    for condition in flt.must_not:
+        result &= ~_condition(condition, leaf_ids)
+    return result
+
+
+def _condition(condition: Filter | Match | Range, leaf_ids: Callable) -> IdSet:
+    if isinstance(condition, Filter):
+        return evaluate(condition, leaf_ids)
+    return IdSet(leaf_ids(condition), False)
+
+
+def with_label(flt: Filter | None, label: str | None) -> Filter | None:
+    """`flt` and "the item's label is `label`" (the search's older label argument)."""
+    from .filters import FieldRef
+
+    if label is None:
+        return None if flt is None or flt.empty else flt
+    by_label = Match(FieldRef(label=True, path=()), (str(label),))
+    return Filter(must=(by_label,) if flt is None or flt.empty else (by_label, flt))
+
+
+def widening(allowed: int, live: int) -> float:
+    """How much wider than an unfiltered search a filtered ANN search looks: 1 / s."""
+    return max(1.0, live / max(allowed, 1))

@@ -1,0 +1,107 @@
+"""The store's search: fan out over segments, filter, merge the per-segment top k.
+
+Every segment answers its own top k for the queries; the lists are merged by
+descending score, ties by ascending item id (insertion order), exactly as one index
+holding every item would rank them. A filter (filters.py) is evaluated per segment
+and searched as filtering.py plans it (exactly over a small allowed subset, else by
+a widened FAISS search with the filter as an ID selector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import filtering
+from .checks import as_matrix
+from .errors import StoreError
+from .filters import Filter, parse_filter
+from .items import Hit
+from .memory_segment import hit
+from .vectors import exact_top_k
+
+if TYPE_CHECKING:
+    from .core import IndexStore, Segment
+
+Ranked = list[list[tuple[int, Hit]]]
+
+
+def as_filter(raw: Filter | Mapping[str, Any] | None, label: str | None) -> Filter | None:
+    """A search's filter and label argument as one parsed filter (None: no filter)."""
+    parsed = None if raw is None else parse_filter(raw)
+    return filtering.with_label(parsed, label)
+
+
+def ranked_search(
+    store: IndexStore,
+    queries: np.ndarray,
+    k: int,
+    *,
+    label: str | None,
+    exclude_keys: Sequence[str],
+    filter: Filter | Mapping[str, Any] | None,
+) -> Ranked:
+    """`IndexStore.search`, each hit with its item id (what orders equal scores)."""
+    if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
+        raise StoreError(f"k must be an integer >= 1, got {k!r}")
+    q = as_matrix(queries, store.dim, "queries")
+    flt = as_filter(filter, label)
+    merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
+    with store._lock:
+        excluded = store._locate(list(exclude_keys)) if exclude_keys else []
+        for segment in store._segments():
+            if segment.live_count == 0:
+                continue
+            blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
+            blocked_ids = np.asarray(sorted(blocked), np.int64)
+            pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids)
+            for row, found in zip(merged, pairs, strict=True):
+                row.extend((score, item, segment) for item, score in found)
+        results = []
+        for row in merged:
+            row.sort(key=lambda t: (-t[0], t[1]))
+            top = row[: int(k)]
+            described: dict[int, Any] = {}
+            for segment in {id(s): s for _, _, s in top}.values():
+                described.update(segment.describe([i for _, i, s in top if s is segment]))
+            results.append([(i, hit(described[i], score)) for score, i, _ in top])
+    return results
+
+
+def allowed_in(segment: Segment, flt: Filter) -> filtering.IdSet:
+    """The items of `segment` (tombstoned ones aside) that `flt` allows."""
+    allowed = filtering.evaluate(flt, segment.filter_ids)
+    dead = filtering.IdSet(segment.dead_ids(), True)
+    return allowed & dead
+
+
+def _segment_top_k(
+    segment: Segment, q: np.ndarray, k: int, flt: Filter | None, blocked: np.ndarray
+) -> list[list[tuple[int, float]]]:
+    if flt is None:
+        return segment.top_k(q, k, None, blocked)
+    allowed = allowed_in(segment, flt)
+    live = segment.live_count
+    if allowed.negated:
+        # "all but a few": the plain search with those few blocked
+        blocked = np.union1d(blocked, allowed.ids)
+        matches = max(live - allowed.ids.size, 0)
+        return segment.top_k(q, k, None, blocked, filtering.widening(matches, live))
+    ids = np.setdiff1d(allowed.ids, blocked, assume_unique=True)
+    if ids.size == 0:
+        return [[] for _ in range(len(q))]
+    if ids.size <= filtering.EXACT_SEARCH_MAX:
+        found, vectors = segment.exact_vectors(ids)
+        return exact_top_k(q, found, vectors, k)
+    return segment.top_k(q, k, ids, blocked, filtering.widening(ids.size, live))
+
+
+def labelled_ids_allowed(segment: Segment, flt: Filter | None, ids: np.ndarray) -> np.ndarray:
+    """A mask over a segment's labelled item `ids`: which ones `flt` allows."""
+    if flt is None:
+        return np.ones(ids.shape, dtype=bool)
+    allowed = allowed_in(segment, flt)
+    inside = np.isin(ids, allowed.ids)
+    return ~inside if allowed.negated else inside
