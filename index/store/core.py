@@ -20,7 +20,9 @@ from typing import Any
 import faiss
 import numpy as np
 
+from ..rerank import DEFAULT_DBA_ALPHA
 from . import manifest as mf
+from .augment import check_dba
 from .checks import (
     as_matrix,
     check_ids,
@@ -29,25 +31,25 @@ from .checks import (
     metadata_column,
     text_column,
 )
-from .errors import DamagedIndexError, KeyExistsError, ScrubStopped, StoreError
-from .fields import FieldSelection, check_field_paths
+from .errors import DamagedIndexError, KeyExistsError, StoreError
+from .fields import FieldSelection
 from .filters import Filter
+from .health import scrub_store, verify_store
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import Journal, JournalOwner
-from .loading import attach_journal, check_expected, check_model, load
+from .loading import create_store, open_store
 from .memory_segment import MemorySegment
 from .merge import TOMBSTONE_FRACTION, pick_merge
 from .persist import merge as merge_segments
 from .persist import save as save_store
 from .report import store_info
-from .search import as_filter, labelled_ids_allowed, ranked_search
+from .search import labelled_items, ranked_search
 from .segment import SealedSegment
-from .vectors import VectorIndex, build_index, check_gpu_mode, start_template
+from .vectors import VectorIndex, build_index
 
 logger = logging.getLogger(__name__)
 
 AUTO_COMPACT_FRACTION = TOMBSTONE_FRACTION  # the public name of the merge policy's rule
-_OPEN_RETRIES = 3
 Segment = SealedSegment | MemorySegment
 
 
@@ -74,8 +76,10 @@ class IndexStore:
         growing: MemorySegment | None = None,
         legacy: bool = False,
         filter_fields: FieldSelection | None = None,
+        dba: tuple[int, float] | None = None,
     ) -> None:
         self.directory = directory
+        self.dba = dba  # (neighbours, alpha) merges compute DBA vectors with (augment.py)
         # the metadata paths new segments index for filters (fields.py)
         self.filter_fields = filter_fields or FieldSelection(None)
         self.dim = dim
@@ -136,39 +140,18 @@ class IndexStore:
         None indexes every scalar field, a list only those (a filter on another
         field still works, by reading the metadata of every item it considers).
         """
-        directory = Path(directory)
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
-            raise StoreError(f"dim must be a positive integer, got {dim!r}")
-        if directory.exists() and not directory.is_dir():
-            raise StoreError(f"{directory} exists and is not a folder")
-        if directory.is_dir() and any(directory.iterdir()) and not overwrite:
-            raise StoreError(f"{directory} is not empty; pass overwrite=True to replace it")
-        source = None
-        if model_path is not None:
-            source, fingerprint = check_model(Path(model_path), fingerprint, dim)
-        check_gpu_mode(gpu)
-        store = cls(
-            directory,
-            factory=factory,
+        return create_store(
+            cls,
+            Path(directory),
             dim=dim,
-            template=start_template(dim, factory, quantizer),
+            factory=factory,
+            fingerprint=fingerprint,
+            model_path=model_path,
+            overwrite=overwrite,
             gpu=gpu,
-            model=mf.ModelEntry(fingerprint) if fingerprint is not None else None,
-            committed=None,
-            filter_fields=FieldSelection(check_field_paths(filter_fields)),
+            quantizer=quantizer,
+            filter_fields=filter_fields,
         )
-        store._model_source = source
-        store._quantizer_dirty = quantizer is not None
-        store._base_generation = mf.committed_generation(directory) if directory.is_dir() else None
-        if store._base_generation is not None:
-            # never write over a file of the index this one replaces before the commit
-            old = mf.read_manifest(directory)
-            store._next_segment = max([s.number for s in old.segments] + [0]) + 1
-        if directory.is_dir():
-            # rows journalled against the index this store replaces die with it at save()
-            store._journal = Journal.open_existing(directory, dim)
-            store._journal_seq = store._journal.last_seq() if store._journal else 0
-        return store
 
     @classmethod
     def open(
@@ -190,29 +173,15 @@ class IndexStore:
         journal: make every later add() and remove() durable on return (a server).
         A format-1 directory opens read-only (`vitrieval-index upgrade` converts it).
         """
-        from .legacy import open_legacy
-
-        directory = Path(directory)
-        check_gpu_mode(gpu)
-        for attempt in range(_OPEN_RETRIES):
-            manifest = mf.read_manifest(directory)
-            check_expected(manifest, directory, fingerprint, dim)
-            try:
-                if manifest.format_version == mf.LEGACY_FORMAT_VERSION:
-                    if journal:
-                        raise StoreError(legacy_message(directory))
-                    store = open_legacy(cls, directory, manifest, gpu)
-                else:
-                    store = load(cls, directory, manifest, gpu)
-                    if verify:
-                        store.verify()
-                attach_journal(store, create=journal)
-                return store
-            except StoreError:
-                moved_on = mf.committed_generation(directory) != manifest.generation
-                if not moved_on or attempt == _OPEN_RETRIES - 1:
-                    raise
-        raise AssertionError("unreachable")
+        return open_store(
+            cls,
+            Path(directory),
+            fingerprint=fingerprint,
+            dim=dim,
+            gpu=gpu,
+            journal=journal,
+            verify=verify,
+        )
 
     def _new_growing(self) -> MemorySegment:
         return MemorySegment(
@@ -290,31 +259,7 @@ class IndexStore:
         """(keys, labels, float32 (n, dim) vectors) of the live labelled items in insertion
         order (those `filter` allows): the input of a leave-one-out evaluation. More than
         `limit` items is a StoreError (checked before any vector is read)."""
-        flt = as_filter(filter, None)
-        with self._lock:
-            if flt is None:
-                n = sum(s.count_labelled() for s in self._segments())
-            else:
-                n = sum(
-                    int(labelled_ids_allowed(s, flt, s.labelled_ids()).sum())
-                    for s in self._segments()
-                )
-            if limit is not None and n > limit:
-                raise StoreError(
-                    f"the index holds {n} labelled items, more than the {limit} allowed"
-                )
-            parts = [s.labelled(self.dim) for s in self._segments()]
-            if flt is not None:
-                parts = [
-                    _masked(p, labelled_ids_allowed(s, flt, p[0]))
-                    for s, p in zip(self._segments(), parts, strict=True)
-                ]
-        ids = np.concatenate([p[0] for p in parts])
-        order = np.argsort(ids, kind="stable")
-        keys = [k for p in parts for k in p[1]]
-        labels = [label for p in parts for label in p[2]]
-        vectors = np.concatenate([p[3] for p in parts]).reshape(-1, self.dim)
-        return [keys[i] for i in order], [labels[i] for i in order], vectors[order]
+        return labelled_items(self, limit, filter)
 
     @property
     def next_id(self) -> int:
@@ -499,6 +444,7 @@ class IndexStore:
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
         filter: Filter | Mapping[str, Any] | None = None,
+        augmented: bool = False,
     ) -> list[list[Hit]]:
         """Top-k items by inner product for each query of float32 (q, dim) `queries`.
 
@@ -506,11 +452,17 @@ class IndexStore:
         descending score, ties by ascending item id (insertion order), exactly as one
         index holding every item would rank them. `filter` (the language of
         filters.py, as decoded JSON or parsed) and `label` keep only the items they
-        allow; `exclude_keys` leaves those items out. A query gets fewer than k hits
-        when fewer items match.
+        allow; `exclude_keys` leaves those items out. `augmented` ranks against the
+        DBA vectors where segments have them (augment.py). A query gets fewer than k
+        hits when fewer items match.
         """
         found = self.ranked_search(
-            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+            queries,
+            k,
+            label=label,
+            exclude_keys=exclude_keys,
+            filter=filter,
+            augmented=augmented,
         )
         return [[h for _, h in row] for row in found]
 
@@ -522,10 +474,17 @@ class IndexStore:
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
         filter: Filter | Mapping[str, Any] | None = None,
+        augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
         """`search`, each hit with its item id (what orders equal scores)."""
         return ranked_search(
-            self, queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+            self,
+            queries,
+            k,
+            label=label,
+            exclude_keys=exclude_keys,
+            filter=filter,
+            augmented=augmented,
         )
 
     # -- persistence (saving, merging: persist.py) --------------------------------------
@@ -537,21 +496,24 @@ class IndexStore:
         when nothing changed. A crash at any step leaves the last commit loadable."""
         save_store(self)
 
-    def merge(self, *, everything: bool = False) -> int:
+    def merge(self, *, everything: bool = False, rewrite: bool = False) -> int:
         """Merge small segments (and rewrite those with many tombstones) into one new
         segment, off the search path; returns how many segments were merged (0: none
-        was due). `everything=True` folds all sealed segments into one."""
-        return merge_segments(self, everything=everything)
+        was due). `everything=True` folds all sealed segments into one; `rewrite=True`
+        writes a lone clean segment anew too (to give it DBA vectors)."""
+        return merge_segments(self, everything=everything, rewrite=rewrite)
+
+    def set_dba(self, neighbours: int | None, alpha: float = DEFAULT_DBA_ALPHA) -> None:
+        """Turn DBA on (every later merge computes the DBA vectors of what it writes,
+        with `neighbours` and `alpha`: augment.py) or off (None). Saved with the index;
+        `merge(everything=True, rewrite=True)` gives every item its DBA vector now."""
+        with self._lock:
+            self.dba = None if neighbours is None else check_dba(neighbours, alpha)
+            self._params_dirty = self._dirty = True
 
     def verify(self) -> None:
         """Check every byte of every committed file against its checksum (StoreError)."""
-        with self._lock:
-            segments = list(self._sealed)
-            committed = self._committed
-        for segment in segments:
-            segment.verify()
-        if committed and committed.model and committed.model.file and committed.model.checksum:
-            mf.verify_file(self.directory, committed.model.file, committed.model.checksum)
+        verify_store(self)
 
     def scrub(
         self, bytes_per_s: float | None = None, stop: threading.Event | None = None
@@ -561,18 +523,7 @@ class IndexStore:
         keep its committed entry as it is, for the operator to restore. Returns the
         damaged segments as (number, reason), this scrub's and earlier ones. `stop`
         ends the scrub between two reads (a server shutting down)."""
-        with self._lock:
-            segments = [s for s in self._sealed if not s.damaged]
-        for segment in segments:
-            if stop is not None and stop.is_set():
-                break
-            try:
-                segment.verify(bytes_per_s, stop)
-            except ScrubStopped:
-                break
-            except StoreError as exc:
-                self.mark_damaged(segment, str(exc))
-        return self.damaged_segments()
+        return scrub_store(self, bytes_per_s, stop)
 
     def mark_damaged(self, segment: SealedSegment, reason: str) -> None:
         """Take `segment` out of service, unless a merge replaced it meanwhile (its files
@@ -635,17 +586,3 @@ class IndexStore:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
-
-
-def _masked(part: tuple, mask: np.ndarray) -> tuple:
-    """One segment's labelled (ids, keys, labels, vectors), the rows of `mask` only."""
-    ids, keys, labels, vectors = part
-    chosen = np.flatnonzero(mask)
-    return ids[chosen], [keys[i] for i in chosen], [labels[i] for i in chosen], vectors[chosen]
-
-
-def legacy_message(directory: Path) -> str:
-    return (
-        f"{directory} is an index of format 1, which this vitrieval reads but does not "
-        f"write: convert it with `vitrieval-index upgrade {directory}`"
-    )

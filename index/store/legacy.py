@@ -85,3 +85,10 @@ def upgrade(directory: str | Path) -> tuple[int, int]:
         return mf.LEGACY_FORMAT_VERSION, len(store)
     finally:
         store.close()
+
+
+def legacy_message(directory: Path) -> str:
+    return (
+        f"{directory} is an index of format 1, which this vitrieval reads but does not "
+        f"write: convert it with `vitrieval-index upgrade {directory}`"
+    )

@@ -1,4 +1,5 @@
-"""Opening an index directory: its checks, its segments, and the replay of its journal.
+"""Opening and creating an index directory: its checks, its segments, and the replay
+of its journal.
 
 `IndexStore.open` and `IndexStore.create` call these; they live apart so that the
 store class keeps to what a store does once open.
@@ -7,22 +8,25 @@ store class keeps to what a store does once open.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
 from .errors import StoreError
-from .fields import FieldSelection
+from .fields import FieldSelection, check_field_paths
 from .journal import JOURNAL_FILE, Journal, JournalOwner
+from .legacy import legacy_message, open_legacy
 from .persist import TUNABLE_PARAMS
 from .segment import SealedSegment
-from .vectors import VectorIndex, build_index
+from .vectors import VectorIndex, build_index, check_gpu_mode, start_template
 
 if TYPE_CHECKING:
     from .core import IndexStore
 
 logger = logging.getLogger(__name__)
+_OPEN_RETRIES = 3  # a writer committing meanwhile can remove files this open was about to map
 
 
 def check_model(path: Path, fingerprint: str | None, dim: int) -> tuple[Path, str]:
@@ -86,6 +90,7 @@ def load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str
         committed=manifest,
         sealed=sealed,
         filter_fields=FieldSelection(manifest.filter_fields),
+        dba=manifest.dba,
     )
     for name, value in manifest.search_params.items():
         if name not in TUNABLE_PARAMS:
@@ -149,3 +154,85 @@ def attach_journal(store: IndexStore, *, create: bool) -> None:
     store._journal, store._journaling = journal, create
     if replayed:
         logger.info("replayed %d journalled mutation(s) of %s", replayed, store.directory)
+
+
+def create_store(
+    cls: type[IndexStore],
+    directory: Path,
+    *,
+    dim: int,
+    factory: str,
+    fingerprint: str | None,
+    model_path: Path | None,
+    overwrite: bool,
+    gpu: str,
+    quantizer: bytes | None,
+    filter_fields: Sequence[str] | None,
+) -> IndexStore:
+    """`IndexStore.create`: a new, empty store (nothing written until save())."""
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        raise StoreError(f"dim must be a positive integer, got {dim!r}")
+    if directory.exists() and not directory.is_dir():
+        raise StoreError(f"{directory} exists and is not a folder")
+    if directory.is_dir() and any(directory.iterdir()) and not overwrite:
+        raise StoreError(f"{directory} is not empty; pass overwrite=True to replace it")
+    source = None
+    if model_path is not None:
+        source, fingerprint = check_model(Path(model_path), fingerprint, dim)
+    check_gpu_mode(gpu)
+    store = cls(
+        directory,
+        factory=factory,
+        dim=dim,
+        template=start_template(dim, factory, quantizer),
+        gpu=gpu,
+        model=mf.ModelEntry(fingerprint) if fingerprint is not None else None,
+        committed=None,
+        filter_fields=FieldSelection(check_field_paths(filter_fields)),
+    )
+    store._model_source = source
+    store._quantizer_dirty = quantizer is not None
+    store._base_generation = mf.committed_generation(directory) if directory.is_dir() else None
+    if store._base_generation is not None:
+        # never write over a file of the index this one replaces before the commit
+        old = mf.read_manifest(directory)
+        store._next_segment = max([s.number for s in old.segments] + [0]) + 1
+    if directory.is_dir():
+        # rows journalled against the index this store replaces die with it at save()
+        store._journal = Journal.open_existing(directory, dim)
+        store._journal_seq = store._journal.last_seq() if store._journal else 0
+    return store
+
+
+def open_store(
+    cls: type[IndexStore],
+    directory: Path,
+    *,
+    fingerprint: str | None,
+    dim: int | None,
+    gpu: str,
+    journal: bool,
+    verify: bool,
+) -> IndexStore:
+    """`IndexStore.open`: the committed generation, its journal replayed. Retried when
+    a writer commits a new generation while this one is being opened."""
+    check_gpu_mode(gpu)
+    for attempt in range(_OPEN_RETRIES):
+        manifest = mf.read_manifest(directory)
+        check_expected(manifest, directory, fingerprint, dim)
+        try:
+            if manifest.format_version == mf.LEGACY_FORMAT_VERSION:
+                if journal:
+                    raise StoreError(legacy_message(directory))
+                store = open_legacy(cls, directory, manifest, gpu)
+            else:
+                store = load(cls, directory, manifest, gpu)
+                if verify:
+                    store.verify()
+            attach_journal(store, create=journal)
+            return store
+        except StoreError:
+            moved_on = mf.committed_generation(directory) != manifest.generation
+            if not moved_on or attempt == _OPEN_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -43,7 +43,7 @@ _CHUNK = 1 << 20
 # anything else a user keeps in the folder is left alone.
 _STORE_FILE = re.compile(
     r"(index\.\d+\.faiss|items\.\d+\.sqlite|model(\.\d+)?\.onnx|quantizer\.\d+\.faiss"
-    r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|del\.\d+\.npy))"
+    r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|del\.\d+\.npy|dba\.faiss|dba\.npy))"
 )
 _TEMP_FILE = re.compile(r"\.(manifest\.json|" + _STORE_FILE.pattern + r")\..+\.tmp")
 
@@ -66,6 +66,16 @@ def segment_items_file(number: int) -> str:
 
 def segment_vectors_file(number: int) -> str:
     return f"seg.{number}.vectors.npy"
+
+
+def segment_dba_index_file(number: int) -> str:
+    """Segment `number`'s DBA vectors as a FAISS index (augment.py)."""
+    return f"seg.{number}.dba.faiss"
+
+
+def segment_dba_vectors_file(number: int) -> str:
+    """Segment `number`'s DBA vectors, float32 (rows, dim) in row order."""
+    return f"seg.{number}.dba.npy"
 
 
 def tombstone_file(number: int, generation: int) -> str:
@@ -186,6 +196,7 @@ class Manifest:
     next_id: int = 0
     search_params: dict[str, int] = field(default_factory=dict)
     filter_fields: tuple[str, ...] | None = None  # metadata paths indexed; None: every one
+    dba: tuple[int, float] | None = None  # DBA (neighbours, alpha) merges compute; None: off
     journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
     files: dict[str, FileEntry] = field(default_factory=dict)
 
@@ -227,6 +238,7 @@ class Manifest:
             "next_id": self.next_id,
             "search_params": dict(self.search_params),
             "filter_fields": None if self.filter_fields is None else list(self.filter_fields),
+            "dba": None if self.dba is None else {"neighbours": self.dba[0], "alpha": self.dba[1]},
             "journal": ({"id": self.journal[0], "upto": self.journal[1]} if self.journal else None),
             "quantizer": self.quantizer.to_json() if self.quantizer else None,
             "segments": [segment.to_json() for segment in self.segments],
@@ -293,7 +305,7 @@ def _parse_named(raw: Any, where: Path, pattern: re.Pattern[str]) -> NamedFile:
     return NamedFile(name, _parse_entry(raw, name, where))
 
 
-_SEGMENT_FILE = re.compile(r"seg\.\d+\.(faiss|items\.sqlite|vectors\.npy)")
+_SEGMENT_FILE = re.compile(r"seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|dba\.faiss|dba\.npy)")
 _TOMBSTONE_FILE = re.compile(r"seg\.\d+\.del\.\d+\.npy")
 _QUANTIZER_FILE = re.compile(r"quantizer\.\d+\.faiss")
 
@@ -366,9 +378,17 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
         not isinstance(filter_fields, list) or not all(isinstance(p, str) for p in filter_fields)
     ):
         raise StoreError(f"{where} is invalid: field 'filter_fields' is malformed")
+    dba = data.get("dba")
+    if dba is not None and not (
+        isinstance(dba, dict)
+        and isinstance(dba.get("neighbours"), int)
+        and isinstance(dba.get("alpha"), int | float)
+    ):
+        raise StoreError(f"{where} is invalid: field 'dba' is malformed")
     return Manifest(
         **common,
         format_version=version,
+        dba=None if dba is None else (int(dba["neighbours"]), float(dba["alpha"])),
         filter_fields=None if filter_fields is None else tuple(filter_fields),
         segments=tuple(_parse_segment(raw, where) for raw in raw_segments),
         quantizer=None if quantizer is None else _parse_named(quantizer, where, _QUANTIZER_FILE),

@@ -116,8 +116,11 @@ class MemorySegment:
         """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds."""
         return self.items.filter_ids(leaf)
 
-    def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
+    def exact_vectors(
+        self, ids: np.ndarray, augmented: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
+        (a growing segment has no DBA set: `augmented` reads the plain vectors)."""
         return self.items.vectors_of(ids, self.vectors.cpu.d)
 
     def dead_ids(self) -> np.ndarray:
@@ -130,6 +133,7 @@ class MemorySegment:
         allowed: np.ndarray | None,
         blocked: np.ndarray,
         widen: float = 1.0,
+        augmented: bool = False,
     ) -> list[list[tuple[int, float]]]:
         if self.tombstones:
             blocked = np.union1d(blocked, np.fromiter(self.tombstones, dtype=np.int64))

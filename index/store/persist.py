@@ -20,8 +20,10 @@ import faiss
 
 from ..atomic import atomic_path
 from . import manifest as mf
+from .augment import dba_augment
 from .errors import StoreError
 from .journal import JournalOwner
+from .legacy import legacy_message
 from .memory_segment import MemorySegment
 from .merge import pick_merge
 from .segment import SealedSegment, write_segment, write_tombstones
@@ -35,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 
 def save(store: IndexStore) -> None:
-    from .core import legacy_message
-
     with store._commit_lock:
         with store._lock:
             if store._legacy:
@@ -100,9 +100,7 @@ def save(store: IndexStore) -> None:
         store.merge()
 
 
-def merge(store: IndexStore, *, everything: bool = False) -> int:
-    from .core import legacy_message
-
+def merge(store: IndexStore, *, everything: bool = False, rewrite: bool = False) -> int:
     with store._commit_lock:
         with store._lock:
             if store._legacy:
@@ -110,7 +108,8 @@ def merge(store: IndexStore, *, everything: bool = False) -> int:
             healthy = [s for s in store._sealed if not s.damaged]
             picks = pick_merge(healthy, everything=everything)
             chosen = [healthy[i] for i in picks]
-            if not chosen or (len(chosen) == 1 and not chosen[0].tombstones):
+            clean = len(chosen) == 1 and not chosen[0].tombstones
+            if not chosen or (clean and not rewrite):
                 return 0
             dead = {s.number: set(s.tombstones) for s in chosen}
             rows = sum(s.ntotal - len(dead[s.number]) for s in chosen)
@@ -136,6 +135,7 @@ def merge(store: IndexStore, *, everything: bool = False) -> int:
                 rows,
                 factory=store.factory,
                 fields=store.filter_fields,
+                augment=None if store.dba is None else dba_augment(store, *store.dba),
             )
             with store._lock:
                 late = set().union(*(s.tombstones - dead[s.number] for s in chosen))
@@ -238,6 +238,7 @@ def _commit(
         next_id=store._next_id,
         search_params={k: v for k, v in store.search_params().items() if k in TUNABLE_PARAMS},
         filter_fields=store.filter_fields.paths_tuple(),
+        dba=store.dba,
         journal=journal,
     )
     mf.write_manifest(store.directory, manifest)

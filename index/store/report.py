@@ -23,6 +23,7 @@ def store_info(store: IndexStore) -> dict[str, Any]:
                 "rows": s.ntotal,
                 "live": s.live_count,
                 "deleted": len(s.tombstones),
+                "dba": s.dba is not None,
                 **({"damaged": s.damaged} if s.damaged else {}),
             }
             for s in store._sealed
@@ -40,6 +41,14 @@ def store_info(store: IndexStore) -> dict[str, Any]:
             "model_file": str(store.model_path) if store.model_path else None,
             "trained": store._template.is_trained,
             "search_params": store.search_params(),
+            "filter_fields": store.filter_fields.to_json(),
+            "dba": None
+            if store.dba is None
+            else {
+                "neighbours": store.dba[0],
+                "alpha": store.dba[1],
+                "live_items_with_dba": sum(s.live_count for s in store._sealed if s.dba),
+            },
             "gpu": store._growing.vectors.gpu_in_use,
             "segments": segments,
             "growing": store._growing.live_count + sum(s.live_count for s in store._sealing),

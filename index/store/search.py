@@ -1,4 +1,5 @@
-"""The store's search: fan out over segments, filter, merge the per-segment top k.
+"""The store's reads across segments: search (fan out, filter, merge the per-segment
+top k) and the labelled items an evaluation ranks.
 
 Every segment answers its own top k for the queries; the lists are merged by
 descending score, ties by ascending item id (insertion order), exactly as one index
@@ -42,10 +43,16 @@ def ranked_search(
     label: str | None,
     exclude_keys: Sequence[str],
     filter: Filter | Mapping[str, Any] | None,
+    augmented: bool = False,
 ) -> Ranked:
     """`IndexStore.search`, each hit with its item id (what orders equal scores)."""
     if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
         raise StoreError(f"k must be an integer >= 1, got {k!r}")
+    if augmented and store.dba is None:
+        raise StoreError(
+            f"{store.directory} has no DBA vectors: compute them with "
+            f"`vitrieval-index dba {store.directory}`"
+        )
     q = as_matrix(queries, store.dim, "queries")
     flt = as_filter(filter, label)
     merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
@@ -56,7 +63,7 @@ def ranked_search(
                 continue
             blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
             blocked_ids = np.asarray(sorted(blocked), np.int64)
-            pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids)
+            pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids, augmented)
             for row, found in zip(merged, pairs, strict=True):
                 row.extend((score, item, segment) for item, score in found)
         results = []
@@ -78,24 +85,31 @@ def allowed_in(segment: Segment, flt: Filter) -> filtering.IdSet:
 
 
 def _segment_top_k(
-    segment: Segment, q: np.ndarray, k: int, flt: Filter | None, blocked: np.ndarray
+    segment: Segment,
+    q: np.ndarray,
+    k: int,
+    flt: Filter | None,
+    blocked: np.ndarray,
+    augmented: bool,
 ) -> list[list[tuple[int, float]]]:
     if flt is None:
-        return segment.top_k(q, k, None, blocked)
+        return segment.top_k(q, k, None, blocked, augmented=augmented)
     allowed = allowed_in(segment, flt)
     live = segment.live_count
     if allowed.negated:
         # "all but a few": the plain search with those few blocked
         blocked = np.union1d(blocked, allowed.ids)
         matches = max(live - allowed.ids.size, 0)
-        return segment.top_k(q, k, None, blocked, filtering.widening(matches, live))
+        widen = filtering.widening(matches, live)
+        return segment.top_k(q, k, None, blocked, widen, augmented=augmented)
     ids = np.setdiff1d(allowed.ids, blocked, assume_unique=True)
     if ids.size == 0:
         return [[] for _ in range(len(q))]
     if ids.size <= filtering.EXACT_SEARCH_MAX:
-        found, vectors = segment.exact_vectors(ids)
+        found, vectors = segment.exact_vectors(ids, augmented)
         return exact_top_k(q, found, vectors, k)
-    return segment.top_k(q, k, ids, blocked, filtering.widening(ids.size, live))
+    widen = filtering.widening(ids.size, live)
+    return segment.top_k(q, k, ids, blocked, widen, augmented=augmented)
 
 
 def labelled_ids_allowed(segment: Segment, flt: Filter | None, ids: np.ndarray) -> np.ndarray:
@@ -105,3 +119,37 @@ def labelled_ids_allowed(segment: Segment, flt: Filter | None, ids: np.ndarray) 
     allowed = allowed_in(segment, flt)
     inside = np.isin(ids, allowed.ids)
     return ~inside if allowed.negated else inside
+
+
+def labelled_items(
+    store: IndexStore, limit: int | None, filter: Filter | Mapping[str, Any] | None
+) -> tuple[list[str], list[str], np.ndarray]:
+    """`IndexStore.labelled_items`: the labelled items a filter allows, in id order."""
+    flt = as_filter(filter, None)
+    with store._lock:
+        segments = store._segments()
+        if flt is None:
+            n = sum(s.count_labelled() for s in segments)
+        else:
+            n = sum(int(labelled_ids_allowed(s, flt, s.labelled_ids()).sum()) for s in segments)
+        if limit is not None and n > limit:
+            raise StoreError(f"the index holds {n} labelled items, more than the {limit} allowed")
+        parts = [s.labelled(store.dim) for s in segments]
+        if flt is not None:
+            parts = [
+                _masked(p, labelled_ids_allowed(s, flt, p[0]))
+                for s, p in zip(segments, parts, strict=True)
+            ]
+    ids = np.concatenate([p[0] for p in parts])
+    order = np.argsort(ids, kind="stable")
+    keys = [k for p in parts for k in p[1]]
+    labels = [label for p in parts for label in p[2]]
+    vectors = np.concatenate([p[3] for p in parts]).reshape(-1, store.dim)
+    return [keys[i] for i in order], [labels[i] for i in order], vectors[order]
+
+
+def _masked(part: tuple, mask: np.ndarray) -> tuple:
+    """One segment's labelled (ids, keys, labels, vectors), the rows of `mask` only."""
+    ids, keys, labels, vectors = part
+    chosen = np.flatnonzero(mask)
+    return ids[chosen], [keys[i] for i in chosen], [labels[i] for i in chosen], vectors[chosen]

@@ -26,7 +26,7 @@ import contextlib
 import io
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +91,16 @@ class SealedSegment:
         self.dim = dim
         for name, expected in entry.files.items():
             _check_size(directory / name, expected)
-        self.vectors = VectorIndex(self._read_faiss(), gpu)
+        self.vectors = VectorIndex(self._read_faiss(mf.segment_index_file(self.number)), gpu)
         self._db = self._open_items()
         self.fields = fx.read_selection(self._db)
-        self._raw = self._open_vectors(factory)
+        self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
+        # the DBA vector set (augment.py), when a merge computed one: (index, raw)
+        self.dba: tuple[VectorIndex, np.ndarray] | None = None
+        if mf.segment_dba_index_file(self.number) in entry.files:
+            dba = VectorIndex(self._read_faiss(mf.segment_dba_index_file(self.number)), gpu)
+            raw = self._open_vectors(factory, dba, mf.segment_dba_vectors_file(self.number))
+            self.dba = (dba, raw)
         self.committed_tombstones = self._read_tombstones()
         self.pending_tombstones: set[int] = set()
         self.live_count = entry.rows - len(self.committed_tombstones)
@@ -102,8 +108,8 @@ class SealedSegment:
 
     # -- opening ---------------------------------------------------------------------
 
-    def _read_faiss(self) -> faiss.Index:
-        path = self.directory / mf.segment_index_file(self.number)
+    def _read_faiss(self, name: str) -> faiss.Index:
+        path = self.directory / name
         with open(path, "rb") as fh:
             flags = IVF_MMAP_FLAGS if fh.read(2) == b"Iw" else FLAT_MMAP_FLAGS
         try:
@@ -135,16 +141,17 @@ class SealedSegment:
             raise StoreError(f"{path} has no vitrieval item table (columns {columns})")
         return db
 
-    def _open_vectors(self, factory: str) -> np.ndarray:
+    def _open_vectors(self, factory: str, index: VectorIndex, name: str) -> np.ndarray:
+        """The exact vectors of `index`: its own flat codes ("Flat"), else file `name`."""
         if stores_vectors_in_faiss(factory):
-            core = core_index(self.vectors.cpu)
+            core = core_index(index.cpu)
             if not isinstance(core, faiss.IndexFlat):
                 raise StoreError(f"segment {self.number}: a Flat factory without a flat index")
             # a zero-copy view of the memory-mapped codes
             return faiss.rev_swig_ptr(core.get_xb(), core.ntotal * self.dim).reshape(
                 core.ntotal, self.dim
             )
-        path = self.directory / mf.segment_vectors_file(self.number)
+        path = self.directory / name
         try:
             raw = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -223,12 +230,26 @@ class SealedSegment:
         """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds."""
         return fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
 
-    def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
+    def _view(self, augmented: bool) -> tuple[VectorIndex, np.ndarray]:
+        """The vector set searched: the DBA one when asked for and present."""
+        if augmented and self.dba is not None:
+            index, raw = self.dba
+            for name, value in self.vectors.search_settings().items():
+                if name != "nlist" and index.search_settings().get(name) != value:
+                    index.set_parameter(name, value)  # follows the segment's nprobe
+            return index, raw
+        return self.vectors, self._raw
+
+    def exact_vectors(
+        self, ids: np.ndarray, augmented: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
+        (their DBA vectors with `augmented`, where the segment has them)."""
+        raw = self._view(augmented)[1]
         sql = "SELECT id, row FROM items WHERE id IN ({marks})"
         found = sorted(self._select(sql, ids.tolist()))
         positions = np.fromiter((r[1] for r in found), dtype=np.int64, count=len(found))
-        vectors = np.asarray(self._raw[positions], dtype=np.float32).reshape(-1, self.dim)
+        vectors = np.asarray(raw[positions], dtype=np.float32).reshape(-1, self.dim)
         return np.fromiter((r[0] for r in found), dtype=np.int64, count=len(found)), vectors
 
     def dead_ids(self) -> np.ndarray:
@@ -242,11 +263,13 @@ class SealedSegment:
         allowed: np.ndarray | None,
         blocked: np.ndarray,
         widen: float = 1.0,
+        augmented: bool = False,
     ) -> list[list[tuple[int, float]]]:
         dead = self.tombstones
         if dead:
             blocked = np.union1d(blocked, np.fromiter(dead, dtype=np.int64, count=len(dead)))
-        return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
+        index = self._view(augmented)[0]
+        return index.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
 
     def keys_by_id(self) -> list[tuple[int, str]]:
         dead = self.tombstones
@@ -329,6 +352,7 @@ def write_segment(
     factory: str,
     fields: fx.FieldSelection,
     prebuilt: faiss.Index | None = None,
+    augment: Augment | None = None,
 ) -> mf.SegmentEntry:
     """Write sealed segment `number` from `batches` of (rows, float32 (b, dim) vectors)
     in id order, `rows` in all; durably (temp file, fsync, rename) and checksummed.
@@ -337,6 +361,8 @@ def write_segment(
     vectors are added to; `prebuilt`, when given, is an index already holding exactly
     these vectors under these ids (a growing segment without tombstones), written as is.
     `fields`: the metadata paths the segment's field index covers (fields.py).
+    `augment`, when given, maps a batch's (ids, vectors) to their DBA vectors, which
+    are written as the segment's second vector set (augment.py).
     """
     dim = template.d
     index = prebuilt if prebuilt is not None else faiss.clone_index(template)
@@ -385,11 +411,83 @@ def write_segment(
         if written != rows or index.ntotal != rows:
             raise StoreError(f"segment {number}: {written} rows written, {rows} expected")
         faiss.write_index(index, str(index_tmp))
+        if augment is not None:
+            batches_back = _segment_batches(items_tmp, vectors_tmp, index)
+            files.update(_write_dba(directory, number, template, augment, batches_back, rows))
         files[items_name] = mf.sha256_file(items_tmp)
         files[index_name] = mf.sha256_file(index_tmp)
         if vectors_tmp is not None:
             files[vectors_name] = mf.sha256_file(vectors_tmp)
     return mf.SegmentEntry(number=number, rows=rows, files=files, tombstones=None)
+
+
+Augment = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(ids int64 (b,), vectors float32 (b, dim)) -> DBA vectors float32 (b, dim)."""
+
+
+def _write_dba(
+    directory: Path,
+    number: int,
+    template: faiss.Index,
+    augment: Augment,
+    batches: Iterable[tuple[int, np.ndarray, np.ndarray]],
+    rows: int,
+) -> dict[str, mf.FileEntry]:
+    """Write segment `number`'s DBA vector set from `batches` of its rows (first row,
+    ids, vectors): their DBA vectors as a FAISS index of the store's factory and, when
+    that index does not keep them addressable (all but flat), a vectors file."""
+    dim = template.d
+    dba = faiss.clone_index(template)
+    index_name = mf.segment_dba_index_file(number)
+    vectors_name = mf.segment_dba_vectors_file(number)
+    keep_vectors = not isinstance(core_index(dba), faiss.IndexFlat)
+    files: dict[str, mf.FileEntry] = {}
+    with contextlib.ExitStack() as stack:
+        index_tmp = stack.enter_context(atomic_path(directory / index_name))
+        vectors_tmp = (
+            stack.enter_context(atomic_path(directory / vectors_name)) if keep_vectors else None
+        )
+        raw = (
+            np.lib.format.open_memmap(vectors_tmp, mode="w+", dtype="<f4", shape=(rows, dim))
+            if vectors_tmp is not None
+            else None
+        )
+        try:
+            for start, ids, vectors in batches:
+                augmented = np.ascontiguousarray(augment(ids, vectors), dtype=np.float32)
+                dba.add_with_ids(augmented, ids)
+                if raw is not None:
+                    raw[start : start + len(ids)] = augmented
+        finally:
+            if raw is not None:
+                raw.flush()
+                del raw
+        faiss.write_index(dba, str(index_tmp))
+        files[index_name] = mf.sha256_file(index_tmp)
+        if vectors_tmp is not None:
+            files[vectors_name] = mf.sha256_file(vectors_tmp)
+    return files
+
+
+def _segment_batches(
+    items: Path, vectors: Path | None, index: faiss.Index, batch: int = 8192
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first row, ids, float32 vectors) of a segment being written, in row order, read
+    back from its files: the item table, and the vectors file or the flat index."""
+    db = sqlite3.connect(items)
+    try:
+        rows = db.execute("SELECT id FROM items ORDER BY row")
+        ids = np.fromiter((i for (i,) in rows), dtype=np.int64)
+    finally:
+        db.close()
+    if vectors is None:
+        core = core_index(index)
+        raw = faiss.rev_swig_ptr(core.get_xb(), core.ntotal * core.d).reshape(core.ntotal, core.d)
+    else:
+        raw = np.load(vectors, mmap_mode="r")
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
+        yield start, chunk, np.asarray(raw[start : start + len(chunk)], dtype=np.float32)
 
 
 def write_tombstones(
