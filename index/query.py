@@ -1,0 +1,198 @@
+"""One query after embedding: alpha-QE re-ranking and several query images as one.
+
+The steps between the embeddings and the hits, written once for every caller: the HTTP
+service awaits them over its index access (`service.index_access`, in this process or
+across a Ray cluster), `vitrieval-index search` over an opened store
+(`StoreSearcher`). Both give a `Searcher`: a ranked search and a batched read of
+stored vectors.
+
+- `search`: each query row its own query; with `AQE`, every query first searches its
+  top n (with the same label, filter and exclusions), is replaced by its alpha-QE
+  expansion (`index.rerank.expand_queries`) with the n hits' stored vectors, and the
+  expansion is searched for the top k.
+- `search_fused`: several query images as one query (`index.fusion`): `mean` searches
+  the mean of their embeddings; `max` searches each image and merges by max score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .fusion import DEFAULT_FUSION, FUSIONS, Fusion, fuse_mean, merge_max
+from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, expand_queries
+from .store import Hit
+
+MAX_AQE_NEIGHBOURS = 100
+"""The most neighbours alpha-QE may read per query (their vectors are fetched)."""
+MAX_AQE_ALPHA = 64.0
+
+Ranked = list[list[tuple[int, Hit]]]
+
+
+@dataclass(frozen=True)
+class AQE:
+    """alpha query expansion with `neighbours` (n) hits weighted by score**alpha."""
+
+    neighbours: int = DEFAULT_AQE_NEIGHBOURS
+    alpha: float = DEFAULT_AQE_ALPHA
+
+    def __post_init__(self) -> None:
+        n = self.neighbours
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_AQE_NEIGHBOURS:
+            raise ValueError(
+                f"alpha-QE neighbours must be an integer from 1 to {MAX_AQE_NEIGHBOURS}, got {n!r}"
+            )
+        a = self.alpha
+        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isfinite(a):
+            raise ValueError(f"alpha-QE alpha must be a finite number, got {a!r}")
+        if not 0 <= a <= MAX_AQE_ALPHA:
+            raise ValueError(f"alpha-QE alpha must be from 0 to {MAX_AQE_ALPHA:g}, got {a!r}")
+
+
+class Searcher(Protocol):
+    """What a query needs of an index (the meaning of `IndexStore`'s methods)."""
+
+    async def ranked_search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Mapping[str, Any] | None,
+    ) -> Ranked: ...
+
+    async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
+        """The stored vectors of `keys`, None for a key no longer there."""
+        ...
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which items a query may find: a label, a filter (as decoded JSON), keys left out."""
+
+    label: str | None = None
+    exclude_keys: Sequence[str] = ()
+    filter: Mapping[str, Any] | None = None
+
+    def options(self) -> dict[str, Any]:
+        return {"label": self.label, "exclude_keys": list(self.exclude_keys), "filter": self.filter}
+
+
+async def search(
+    searcher: Searcher,
+    queries: np.ndarray,
+    k: int,
+    *,
+    where: Where | None = None,
+    rerank: AQE | None = None,
+) -> Ranked:
+    """Each row of float32 (q, d) `queries` searched for its top k, as ranked hits;
+    with `rerank`, alpha-QE first (module docstring)."""
+    q = np.asarray(queries, dtype=np.float32)
+    where = where or Where()
+    if rerank is not None:
+        q = await expand(searcher, q, rerank, where)
+    return await searcher.ranked_search(q, k, **where.options())
+
+
+async def expand(searcher: Searcher, queries: np.ndarray, aqe: AQE, where: Where) -> np.ndarray:
+    """alpha-QE: each query's top n hits (as `where` allows) and their stored vectors ->
+    the expanded (q, d) queries. A query with fewer hits expands with those it has."""
+    rows = await searcher.ranked_search(queries, aqe.neighbours, **where.options())
+    keys = list(dict.fromkeys(hit.key for row in rows for _, hit in row))
+    stored = dict(zip(keys, await searcher.vectors(keys) if keys else [], strict=True))
+    n, d = aqe.neighbours, queries.shape[1]
+    neighbours = np.zeros((len(queries), n, d), dtype=np.float32)
+    scores = np.zeros((len(queries), n), dtype=np.float32)
+    for i, row in enumerate(rows):
+        for j, (_, hit) in enumerate(row[:n]):
+            vector = stored.get(hit.key)
+            if vector is not None:  # removed since the search: it adds nothing
+                neighbours[i, j] = vector
+                scores[i, j] = hit.score
+    return expand_queries(queries, neighbours, scores, aqe.alpha)
+
+
+async def search_fused(
+    searcher: Searcher,
+    vectors: np.ndarray,
+    k: int,
+    *,
+    fusion: Fusion = DEFAULT_FUSION,
+    where: Where | None = None,
+    rerank: AQE | None = None,
+) -> list[tuple[int, Hit]]:
+    """The float32 (m, d) embeddings of m query images as one query -> its ranked top k.
+    `mean` searches their normalised mean; `max` each of them (each expanded on its
+    own with `rerank`), merged by max score (index.fusion)."""
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
+    x = np.asarray(vectors, dtype=np.float32)
+    if len(x) > 1 and fusion == "mean":
+        x = fuse_mean(x)[None, :]
+    rows = await search(searcher, x, k, where=where, rerank=rerank)
+    return rows[0] if len(rows) == 1 else merge_max(rows, k)
+
+
+class StoreSearcher:
+    """A `Searcher` over an opened `IndexStore` or `ShardedStore` (its calls block, in
+    the caller's thread): what `search_store` and `search_store_fused` run on."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    async def ranked_search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Mapping[str, Any] | None,
+    ) -> Ranked:
+        return self.store.ranked_search(
+            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+        )
+
+    async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
+        return stored_vectors(self.store, keys)
+
+
+def search_store(
+    store: Any,
+    queries: np.ndarray,
+    k: int,
+    *,
+    where: Where | None = None,
+    rerank: AQE | None = None,
+) -> Ranked:
+    """`search` on an opened store, for synchronous callers (the command line)."""
+    return asyncio.run(search(StoreSearcher(store), queries, k, where=where, rerank=rerank))
+
+
+def search_store_fused(
+    store: Any,
+    vectors: np.ndarray,
+    k: int,
+    *,
+    fusion: Fusion = DEFAULT_FUSION,
+    where: Where | None = None,
+    rerank: AQE | None = None,
+) -> list[tuple[int, Hit]]:
+    """`search_fused` on an opened store, for synchronous callers."""
+    return asyncio.run(
+        search_fused(StoreSearcher(store), vectors, k, fusion=fusion, where=where, rerank=rerank)
+    )
+
+
+def stored_vectors(store: Any, keys: Sequence[str]) -> list[np.ndarray | None]:
+    """The stored vectors of `keys` in one store (None: not there)."""
+    records = [store.get(key) for key in keys]
+    return [None if r is None else r.vector for r in records]
