@@ -23,7 +23,7 @@ def store_info(store: IndexStore) -> dict[str, Any]:
                 "rows": s.ntotal,
                 "live": s.live_count,
                 "deleted": len(s.tombstones),
-                "dba": s.dba is not None,
+                **({"dba": True} if s.dba else {}),
                 **({"damaged": s.damaged} if s.damaged else {}),
             }
             for s in store._sealed
