@@ -16,6 +16,12 @@ from pathlib import Path
 
 from .cli_bench import add_bench_command
 from .cli_common import add_ray_options, add_runtime_options, embedder_from_args
+from .cli_configure import (
+    add_configure_command,
+    add_index_settings,
+    apply_index_settings,
+    wants_settings,
+)
 from .cli_shards import (
     add_shards_option,
     build_sharded_from_args,
@@ -64,7 +70,6 @@ def _open_index(index: Path, override: str | None):
 
 
 def _build(args: argparse.Namespace) -> int:
-    from .build import build_index
     from .sources import read_sources
 
     if (args.images is None) == (getattr(args, "embeddings", None) is None):
@@ -77,9 +82,20 @@ def _build(args: argparse.Namespace) -> int:
         args.images is not None or not wants_shards(args, Path(args.out))
     ):
         raise ValueError("--ray builds the shards of a sharded index: --embeddings EMB --shards N")
+    if args.dba is not None and args.images is None and wants_shards(args, Path(args.out)):
+        raise ValueError("--dba needs one store: a sharded index has no DBA vectors")
     if args.images is None:
-        return _build_embeddings(args)
-    items = read_sources(args.images, args.labels_from_folders)
+        code = _build_embeddings(args)
+    else:
+        code = _build_images(args, read_sources(args.images, args.labels_from_folders))
+    if code == 0 and wants_settings(args):
+        print(apply_index_settings(args, Path(args.out)))
+    return code
+
+
+def _build_images(args: argparse.Namespace, items: list) -> int:
+    from .build import build_index
+
     out = Path(args.out)
     budget = _memory_budget(args)
     store = None
@@ -451,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="commit every N images (default 2048; with --embeddings every 1,000,000 vectors)",
     )
     add_shards_option(build)
+    add_index_settings(build)
     add_ray_options(build)
     add_runtime_options(build)
     build.set_defaults(handler=_build)
@@ -524,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.set_defaults(handler=_search)
 
     add_bench_command(sub)
+    add_configure_command(sub)
 
     export = sub.add_parser(
         "export-dataset", help="write a dataset split as image files (a folder per class + CSV)"

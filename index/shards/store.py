@@ -23,6 +23,7 @@ from ..store import Hit, IndexStore, ItemRecord, KeyExistsError, StoreError
 from ..store import manifest as mf
 from ..store.checks import as_matrix, check_keys, check_unit, metadata_column, text_column
 from ..store.errors import DamagedIndexError
+from ..store.fields import FieldSelection
 from ..store.filters import Filter, parse_filter
 from .layout import (
     PLAN_FILE,
@@ -276,6 +277,7 @@ class ShardedStore:
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
         filter: Filter | Mapping[str, Any] | None = None,
+        augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
         """Every shard's top k merged into one top k: descending score, equal scores
         by ascending item id (ids are numbered across the shards)."""
@@ -292,6 +294,7 @@ class ShardedStore:
                 label=label,
                 exclude_keys=[exclude[i] for i in excluded.get(n, [])],
                 filter=flt,
+                augmented=augmented,
             )
             for n, shard in enumerate(self.shards)
         ]
@@ -305,10 +308,11 @@ class ShardedStore:
         label: str | None = None,
         exclude_keys: Sequence[str] = (),
         filter: Filter | Mapping[str, Any] | None = None,
+        augmented: bool = False,
     ) -> list[list[Hit]]:
         """Top-k items for each query, as `IndexStore.search` ranks them."""
         found = self.ranked_search(
-            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+            queries, k, label=label, exclude_keys=exclude_keys, filter=filter, augmented=augmented
         )
         return [[h for _, h in row] for row in found]
 
@@ -319,9 +323,31 @@ class ShardedStore:
         for shard in self.shards:
             shard.save()
 
-    def merge(self, *, everything: bool = False) -> int:
+    def merge(self, *, everything: bool = False, rewrite: bool = False) -> int:
         """Merge what is due in every shard; returns how many segments were merged."""
-        return sum(shard.merge(everything=everything) for shard in self.shards)
+        return sum(shard.merge(everything=everything, rewrite=rewrite) for shard in self.shards)
+
+    @property
+    def dba(self) -> None:
+        return None
+
+    @property
+    def filter_fields(self) -> FieldSelection:
+        return self.shards[0].filter_fields
+
+    def set_filter_fields(self, paths: Sequence[str] | None) -> None:
+        """`IndexStore.set_filter_fields` on every shard."""
+        for shard in self.shards:
+            shard.set_filter_fields(paths)
+
+    def set_dba(self, neighbours: int | None, alpha: float = 0.0) -> None:
+        """DBA takes each item's neighbours from the whole index; a shard sees only its
+        part, so a sharded index has none."""
+        if neighbours is not None:
+            raise StoreError(
+                f"{self.directory} is a sharded index: DBA needs every item's neighbours in "
+                "the whole index, which its shards do not see (not supported)"
+            )
 
     def compact(self) -> None:
         for shard in self.shards:

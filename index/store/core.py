@@ -32,7 +32,7 @@ from .checks import (
     text_column,
 )
 from .errors import DamagedIndexError, KeyExistsError, StoreError
-from .fields import FieldSelection
+from .fields import FieldSelection, check_field_paths
 from .filters import Filter
 from .health import scrub_store, verify_store
 from .items import Hit, ItemRecord, ItemTable, Row
@@ -502,6 +502,15 @@ class IndexStore:
         was due). `everything=True` folds all sealed segments into one; `rewrite=True`
         writes a lone clean segment anew too (to give it DBA vectors)."""
         return merge_segments(self, everything=everything, rewrite=rewrite)
+
+    def set_filter_fields(self, paths: Sequence[str] | None) -> None:
+        """Choose the metadata paths segments written from now on index for filters
+        (None: every scalar field; fields.py). Saved with the index; a filter on a path
+        a segment did not index reads that segment's metadata instead, until a merge
+        (`merge(everything=True, rewrite=True)`) rewrites it."""
+        with self._lock:
+            self.filter_fields = FieldSelection(check_field_paths(paths))
+            self._params_dirty = self._dirty = True
 
     def set_dba(self, neighbours: int | None, alpha: float = DEFAULT_DBA_ALPHA) -> None:
         """Turn DBA on (every later merge computes the DBA vectors of what it writes,
