@@ -270,3 +270,21 @@ def test_a_bad_filter_is_a_store_error(tmp_path: Path) -> None:
     store.add(["a"], np.eye(4, dtype=np.float32)[:1], metadata=[{"colour": "red"}])
     with pytest.raises(StoreError, match=r"filter.must\[0\]: give exactly one"):
         store.search(np.eye(4, dtype=np.float32)[:1], 1, filter={"must": [{"key": "colour"}]})
+
+
+def test_the_leaf_cache_keeps_the_recent_conditions_within_its_budget() -> None:
+    from index.store.fields import LeafCache
+    from index.store.filters import FieldRef, Match
+
+    def leaf(v: str) -> Match:
+        return Match(FieldRef(label=False, path=("colour",)), (v,))
+
+    cache = LeafCache(max_ids=10)
+    cache.put(leaf("red"), np.arange(4))
+    cache.put(leaf("blue"), np.arange(4))
+    assert cache.get(leaf("red")) is not None  # red is now the most recent
+    cache.put(leaf("green"), np.arange(4))  # 12 ids > 10: the least recent (blue) goes
+    assert cache.get(leaf("blue")) is None
+    assert np.array_equal(cache.get(leaf("green")), np.arange(4))
+    cache.put(leaf("huge"), np.arange(11))  # larger than the whole budget: not kept
+    assert cache.get(leaf("huge")) is None and cache.get(leaf("red")) is not None

@@ -9,9 +9,13 @@ This docstring is the contract of the on-disk format (format_version 2)::
                                PQ: factories that train; absent for Flat and HNSW)
       seg.<n>.faiss            sealed segment n: its FAISS index (store layout below)
       seg.<n>.items.sqlite     sealed segment n: items(id, key, label, path, metadata,
-                               row); row = the item's position in seg.<n>.vectors.npy
+                               row); row = the item's position in seg.<n>.vectors.npy;
+                               fields(path, value, id), the field index filters read,
+                               and field_set(paths), what it covers (fields.py)
       seg.<n>.vectors.npy      sealed segment n: float32 (rows, dim), the exact vectors
                                (absent for "Flat": its FAISS file holds them)
+      seg.<n>.dba.faiss        segment n's DBA vectors, when a merge computed them
+      seg.<n>.dba.npy          (augment.py); .npy absent for "Flat"
       seg.<n>.del.<g>.npy      segment n's tombstones as of generation g (sorted int64)
       journal.sqlite           the write-ahead journal of the growing segment (journal.py)
       .lock, .journal.lock     advisory locks (empty; never read)
@@ -21,6 +25,8 @@ manifest.json::
     {"format_version": 2, "generation": g, "model": {...} | null, "dim": D,
      "metric": "inner_product", "factory": "Flat", "count": <live items>,
      "next_id": <first unused item id>, "search_params": {"nprobe": 8},
+     "filter_fields": null | ["colour", "shop.city"],
+     "dba": null | {"neighbours": 2, "alpha": 3.0},
      "quantizer": {"file": "quantizer.<g>.faiss", "sha256": ..., "bytes": ...} | null,
      "segments": [{"number": n, "rows": r,
                    "files": {"seg.<n>.faiss": {"sha256": ..., "bytes": ...}, ...},
@@ -43,7 +49,12 @@ manifest.json::
   meanwhile: files are written outside the store's lock.
 - Merge (merge.py, persist.py): small segments, and segments more than 20% tombstones,
   are folded into a new segment (tombstoned items dropped), committed the same way;
-  the merged segments' files are verified before they are read.
+  the merged segments' files are verified before they are read. With `dba` set, the
+  merged segment gets its DBA vectors (augment.py).
+- Search (search.py): every segment answers its top k, merged by score then id; a
+  filter (filters.py) is evaluated from each segment's field index and searched
+  exactly over a small allowed subset or by a widened ID-selector search
+  (filtering.py).
 - Open: read the manifest, check every listed file's size, parse the headers, and
   memory-map the segments (FAISS's IO_FLAG_MMAP for IVF, IO_FLAG_MMAP_IFC for flat
   codes; numpy's mmap for the vectors; SQLite opened read-only in place): nothing is

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -37,6 +38,8 @@ FIELDS_INDEX = "CREATE INDEX IF NOT EXISTS fields_path_value ON fields(path, val
 ALL_FIELDS: frozenset[str] | None = None
 """The default selection: every scalar field of the metadata (at any depth)."""
 _TRUE, _FALSE = b"\x01", b"\x00"
+LEAF_CACHE_IDS = 16 * 1024 * 1024
+"""Ids a sealed segment remembers for recent filter conditions (128 MB at most)."""
 
 
 class FieldSelection:
@@ -207,6 +210,37 @@ def _scan_ids(db: sqlite3.Connection, leaf: Match | Range, where: str) -> np.nda
         if leaf.holds(field_values(leaf.field, label, json.loads(metadata)))
     ]
     return np.unique(np.asarray(found, dtype=np.int64))
+
+
+class LeafCache:
+    """The ids of recently used conditions, for a segment whose items never change
+    (sealed): a catalogue's filters repeat (a category, a price band), and reading a
+    condition matching millions of items costs far more than its search. Least
+    recently used first out, beyond `max_ids` ids in all (8 bytes each)."""
+
+    def __init__(self, max_ids: int = LEAF_CACHE_IDS) -> None:
+        self.max_ids = max_ids
+        self._entries: dict[Match | Range, np.ndarray] = {}
+        self._size = 0
+        self._lock = threading.Lock()  # searches of one segment run in several threads
+
+    def get(self, leaf: Match | Range) -> np.ndarray | None:
+        with self._lock:
+            found = self._entries.pop(leaf, None)
+            if found is not None:
+                self._entries[leaf] = found  # most recently used last
+            return found
+
+    def put(self, leaf: Match | Range, ids: np.ndarray) -> None:
+        if ids.size > self.max_ids:
+            return
+        with self._lock:
+            old = self._entries.pop(leaf, None)
+            self._size += ids.size - (0 if old is None else old.size)
+            self._entries[leaf] = ids
+            while self._size > self.max_ids:
+                dropped = self._entries.pop(next(iter(self._entries)))
+                self._size -= dropped.size
 
 
 def _ids(cursor: sqlite3.Cursor) -> np.ndarray:

@@ -94,6 +94,7 @@ class SealedSegment:
         self.vectors = VectorIndex(self._read_faiss(mf.segment_index_file(self.number)), gpu)
         self._db = self._open_items()
         self.fields = fx.read_selection(self._db)
+        self._leaf_cache = fx.LeafCache()
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         # the DBA vector set (augment.py), when a merge computed one: (index, raw)
         self.dba: tuple[VectorIndex, np.ndarray] | None = None
@@ -227,8 +228,13 @@ class SealedSegment:
         return {row[0]: row[1:] for row in self._select(sql, sorted(set(ids)))}
 
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
-        """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds."""
-        return fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
+        """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds;
+        remembered, as a sealed segment's items never change (fields.LeafCache)."""
+        found = self._leaf_cache.get(leaf)
+        if found is None:
+            found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
+            self._leaf_cache.put(leaf, found)
+        return found
 
     def _view(self, augmented: bool) -> tuple[VectorIndex, np.ndarray]:
         """The vector set searched: the DBA one when asked for and present."""
