@@ -2,7 +2,7 @@
 database-side augmentation (DBA).
 
 Radenović, Tolias and Chum (fine-tuning CNN image retrieval with no human annotation,
-the GeM paper, section 5). Both replace a vector by the weighted mean of itself and
+the GeM paper). Both replace a vector by the weighted mean of itself and
 its top-n neighbours, each neighbour x_i weighted by its similarity s_i = <v, x_i>
 raised to alpha, negative similarities clipped to 0:
 
@@ -46,8 +46,9 @@ METHODS = ("aqe", "dba", "dba+aqe")
 """Re-rankings `rerank_vectors` knows: alpha-QE on the plain gallery, DBA with plain
 queries, and alpha-QE against the DBA gallery."""
 
-MAX_BLOCK_SCORES = 1 << 25
-"""Scores (float32) one block of `exact_neighbours` holds at most: 128 MB."""
+MAX_BLOCK_FLOATS = 1 << 24
+"""float32 values one working block holds at most (scores in `exact_neighbours`, gathered
+neighbour vectors in `augment_database`): 64 MB, whatever the chunk sizes left to None."""
 
 
 def expand_queries(
@@ -80,7 +81,7 @@ def augment_database(
     alpha: float,
     *,
     pool: np.ndarray | None = None,
-    chunk: int = 4096,
+    chunk: int | None = None,
 ) -> np.ndarray:
     """DBA from known neighbours: float32 (N, d) vectors, (N, n) int neighbour ids
     (rows of `pool`, -1 = no neighbour) and their (N, n) similarities -> the augmented,
@@ -91,8 +92,9 @@ def augment_database(
     `pool` (M, d) is where the ids point (None: `vectors` itself, the usual case of a
     database augmented with its own neighbours). A -1 slot adds nothing whatever its
     score. The caller excludes each vector from its own neighbours (`dba_vectors`
-    does). Rows are gathered `chunk` at a time: peak extra memory about
-    4 * chunk * n * d bytes.
+    does). Rows are gathered `chunk` at a time (None: as many as keep the gathered
+    block under MAX_BLOCK_FLOATS floats): peak extra memory about 8 * chunk * n * d
+    bytes.
     """
     x = _matrix(vectors, "vectors")
     source = x if pool is None else _matrix(pool, "pool")
@@ -110,8 +112,9 @@ def augment_database(
     if ids.size and (ids.min() < -1 or ids.max() >= len(source)):
         raise ValueError(f"neighbour_ids must lie in [-1, {len(source)}); got {ids.min()}..")
     out = np.empty_like(x)
-    for start in range(0, len(x), max(1, int(chunk))):
-        stop = min(start + max(1, int(chunk)), len(x))
+    rows = _chunk_rows(ids.shape[1] * x.shape[1], chunk, most=4096)
+    for start in range(0, len(x), rows):
+        stop = min(start + rows, len(x))
         block = ids[start:stop]
         found = block >= 0
         gathered = source[np.where(found, block, 0)] * found[..., None]
@@ -136,7 +139,7 @@ def exact_neighbours(
     `exclude_self`: the queries are the gallery's rows (Q == N) and row i never lists
     i. Fewer than n candidates: the rest of the row is id -1, score 0. `chunk` query
     rows are scored at a time (None: as many as keep a block under
-    MAX_BLOCK_SCORES floats); peak extra memory about 12 * chunk * N bytes.
+    MAX_BLOCK_FLOATS floats); peak extra memory about 20 * chunk * N bytes.
     """
     q, g = _matrix(queries, "queries"), _matrix(gallery, "gallery")
     if q.shape[1] != g.shape[1]:
@@ -149,7 +152,7 @@ def exact_neighbours(
     take = min(n, len(g))
     ids = np.full((len(q), n), -1, dtype=np.int64)
     scores = np.zeros((len(q), n), dtype=np.float32)
-    for start in range(0, len(q), rows):
+    for start in range(0, len(q) if take else 0, rows):
         stop = min(start + rows, len(q))
         block = q[start:stop] @ g.T
         if exclude_self:
@@ -366,9 +369,11 @@ def _matrix(x: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-def _chunk_rows(gallery_rows: int, chunk: int | None) -> int:
+def _chunk_rows(floats_per_row: int, chunk: int | None, most: int = 1024) -> int:
+    """`chunk`, checked, or the rows (at most `most`) that keep a block of
+    `floats_per_row` floats a row under MAX_BLOCK_FLOATS."""
     if chunk is not None:
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
         return int(chunk)
-    return max(1, min(1024, MAX_BLOCK_SCORES // max(gallery_rows, 1)))
+    return max(1, min(most, MAX_BLOCK_FLOATS // max(floats_per_row, 1)))
