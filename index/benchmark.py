@@ -13,6 +13,12 @@ against the gallery. A dataset name uses its held-out split as the gallery
 copies of each photo (`index.copy_detection`) are the queries, and each query's one
 relevant item is its original (`index.metrics.target_ranks`); with `relevant="label"`
 the photos sharing its original's label (versions of one design) are relevant too.
+
+Re-ranking (`rerank=("aqe", "dba", "dba+aqe")`, `index.rerank`): the report gains
+`rerank`, the same quality metrics for the plain exact search ("none") and for each
+re-ranked one side by side (plus the seconds the re-ranking took), and
+`rerank_settings` (n and alpha). They are exact too: neighbours and rankings over the
+whole gallery, whatever the factory. Without `rerank` the report is as before.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +37,7 @@ from .copy_detection import DEFAULT_PER_IMAGE, KINDS, copy_queries, describe
 from .datasets import DatasetError, Item
 from .embedder import Embedder, EmbedResult
 from .metrics import query_metrics, retrieval_metrics, target_metrics, target_ranks
+from .rerank import RerankSettings, leave_one_out_metrics, rerank_vectors
 from .store import IndexStore
 
 DEFAULT_KS = (1, 2, 4, 8)
@@ -113,8 +121,11 @@ def run_benchmark(
     ks: Sequence[int] = DEFAULT_KS,
     factory: str = "Flat",
     name: str = "",
+    rerank: Sequence[str] = (),
+    rerank_settings: RerankSettings | None = None,
 ) -> dict:
-    """Everything `report.json` holds; see the module docstring for the protocol."""
+    """Everything `report.json` holds; see the module docstring for the protocol (and
+    for `rerank`, the re-rankings measured beside the plain search)."""
     gallery_vectors, gallery_labels, gallery_failed, embed_rate = _embed(
         embedder, gallery, "gallery"
     )
@@ -150,7 +161,50 @@ def run_benchmark(
     report.update(
         _index_measurements(gallery_vectors, query_vectors, factory, leave_one_out=queries is None)
     )
+    if rerank:
+
+        def score(q: np.ndarray, g: np.ndarray) -> dict:
+            if queries is None:
+                return leave_one_out_metrics(q, g, gallery_labels, ks).summary()
+            return retrieval_metrics(
+                q, query_labels, ks=ks, gallery_embeddings=g, gallery_labels=gallery_labels
+            )
+
+        report.update(
+            _rerank_report(
+                scores,
+                query_vectors,
+                gallery_vectors,
+                rerank,
+                rerank_settings,
+                score,
+                leave_one_out=queries is None,
+            )
+        )
     return report
+
+
+def _rerank_report(
+    scores: dict,
+    queries: np.ndarray,
+    gallery: np.ndarray,
+    methods: Sequence[str],
+    settings: RerankSettings | None,
+    score: Callable[[np.ndarray, np.ndarray], dict],
+    *,
+    leave_one_out: bool,
+) -> dict:
+    """`rerank_settings` and `rerank`: the plain search's metrics ("none") and each
+    method's, `score(query vectors, gallery vectors)` on its re-ranked vectors."""
+    settings = settings or RerankSettings()
+    counts = ("n_queries", "n_dropped", "n_labels")
+    rows = {"none": {k: v for k, v in scores.items() if k not in counts}}
+    found = rerank_vectors(queries, gallery, methods, settings, leave_one_out=leave_one_out)
+    for method, (q, g, seconds) in found.items():
+        measured = score(q, g)
+        rows[method] = {k: v for k, v in measured.items() if k not in counts}
+        rows[method]["seconds"] = seconds
+    return {"rerank_settings": asdict(settings), "rerank": rows}
 
 
 def run_copy_detection(
@@ -165,6 +219,8 @@ def run_copy_detection(
     factory: str = "Flat",
     name: str = "",
     relevant: str = "original",
+    rerank: Sequence[str] = (),
+    rerank_settings: RerankSettings | None = None,
 ) -> dict:
     """Copy-detection benchmark: `photos` + `distractors` are the gallery (in that
     order), `per_image` edited copies of every readable photo are the queries.
@@ -179,6 +235,9 @@ def run_copy_detection(
     photo with its original's `label` is relevant too (versions of one design in one
     folder), scored with `index.metrics.query_metrics`; a photo without a label is its
     own design, and distractors are never relevant.
+
+    `rerank`: the same metrics after each re-ranking (module docstring); DBA augments
+    the whole gallery, distractors included, and the copies are the queries.
     """
     if relevant not in RELEVANT_MODES:
         raise ValueError(f"relevant must be one of {RELEVANT_MODES}; got {relevant!r}")
@@ -244,6 +303,25 @@ def run_copy_detection(
         query_generation=describe(seed, per_image, kinds),
         unreadable=unreadable,
     )
+    if rerank:
+
+        def score(q: np.ndarray, g: np.ndarray) -> dict:
+            if relevant == "label":
+                again = replace(embedded, embeddings=g)
+                return _label_scores(again, q, targets, photos, query_kinds, ks)[0]
+            return target_metrics(target_ranks(q, g, targets), ks)
+
+        report.update(
+            _rerank_report(
+                scores,
+                made.embeddings,
+                embedded.embeddings,
+                rerank,
+                rerank_settings,
+                score,
+                leave_one_out=False,
+            )
+        )
     return report
 
 
@@ -291,11 +369,54 @@ def _label_scores(
 
 
 def write_report(report: dict, out: Path) -> None:
-    """REPORT/report.json and a Markdown table, REPORT/report.md."""
+    """REPORT/report.json and a Markdown table, REPORT/report.md (and below it, with
+    `rerank`, the re-ranked metrics side by side)."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.json", json.dumps(_json_safe(report), indent=2))
     rows = "\n".join(f"| {key} | {_fmt(value)} |" for key, value in report.items())
-    atomic_write_text(out / "report.md", f"| metric | value |\n|---|---|\n{rows}\n")
+    text = f"| metric | value |\n|---|---|\n{rows}\n"
+    if report.get("rerank"):
+        header, *lines = _rerank_rows(report)
+        table = [header, ["---"] * len(header), *lines]
+        text += f"\n{_rerank_caption(report)}:\n\n"
+        text += "".join(f"| {' | '.join(cells)} |\n" for cells in table)
+    atomic_write_text(out / "report.md", text)
+
+
+def _rerank_rows(report: dict) -> list[list[str]]:
+    """Header and one row per re-ranking ("none" first) of the side-by-side table:
+    recall@K, map, map_at_r and seconds (report.json has every metric)."""
+    rows = report["rerank"]
+    shown = ("map", "map_at_r")
+    keys = [k for k in rows["none"] if k.startswith("recall@") or k in shown] + ["seconds"]
+    out = [["re-ranking", *keys]]
+    for method, values in rows.items():
+        out.append([method, *(_fmt(values[k]) if k in values else "-" for k in keys)])
+    return out
+
+
+def _rerank_caption(report: dict) -> str:
+    """What the re-rankings of the table were run with."""
+    settings, used = report["rerank_settings"], "+".join(report["rerank"])
+    parts = [
+        f"{part} n={settings[f'{part}_neighbours']} alpha={settings[f'{part}_alpha']:g}"
+        for part in ("aqe", "dba")
+        if part in used.split("+")
+    ]
+    return f"exact search re-ranked ({'; '.join(parts)})"
+
+
+def format_rerank(report: dict) -> str:
+    """The re-ranked metrics beside the plain search's, one line per re-ranking."""
+    table = _rerank_rows(report)
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    lines = [f"{_rerank_caption(report)}:"]
+    for row in table:
+        cells = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
 
 
 def format_table(report: dict) -> str:

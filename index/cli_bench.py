@@ -8,6 +8,14 @@ from pathlib import Path
 
 from .cli_common import add_runtime_options, embedder_from_args
 from .datasets import DatasetError
+from .rerank import (
+    DEFAULT_AQE_ALPHA,
+    DEFAULT_AQE_NEIGHBOURS,
+    DEFAULT_DBA_ALPHA,
+    DEFAULT_DBA_NEIGHBOURS,
+    METHODS,
+    RerankSettings,
+)
 
 
 def add_bench_command(sub: argparse._SubParsersAction) -> None:
@@ -57,8 +65,60 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         help="split seed (digits, folder, csv); copy seed (--copy-detection)",
     )
     bench.add_argument("--out", required=True, help="report folder")
+    _add_rerank_options(bench)
     add_runtime_options(bench)
     bench.set_defaults(handler=_bench)
+
+
+def _add_rerank_options(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "--rerank",
+        action="append",
+        choices=(*METHODS, "all"),
+        metavar="METHOD",
+        help="also measure the exact search re-ranked with METHOD and report it beside "
+        "the plain search (repeatable): aqe = alpha query expansion (each query plus its "
+        "top --aqe-neighbours hits weighted by similarity^--aqe-alpha, normalised, "
+        "searched again); dba = database-side augmentation (every gallery vector plus "
+        "its top --dba-neighbours other gallery vectors, weighted alike; plain queries); "
+        "dba+aqe = both; all = the three",
+    )
+    for method, n, alpha in (
+        ("aqe", DEFAULT_AQE_NEIGHBOURS, DEFAULT_AQE_ALPHA),
+        ("dba", DEFAULT_DBA_NEIGHBOURS, DEFAULT_DBA_ALPHA),
+    ):
+        bench.add_argument(
+            f"--{method}-neighbours",
+            type=int,
+            metavar="N",
+            help=f"--rerank {method}: neighbours averaged in (default {n})",
+        )
+        bench.add_argument(
+            f"--{method}-alpha",
+            type=float,
+            metavar="A",
+            help=f"--rerank {method}: similarity exponent, 0 = plain average (default {alpha:g})",
+        )
+
+
+def _rerank_args(args: argparse.Namespace) -> tuple[tuple[str, ...], RerankSettings]:
+    """The re-rankings asked for, in METHODS order, and their n and alpha."""
+    asked = set(args.rerank or ())
+    methods = METHODS if "all" in asked else tuple(m for m in METHODS if m in asked)
+    values = {}
+    for method in ("aqe", "dba"):
+        for what in ("neighbours", "alpha"):
+            value = getattr(args, f"{method}_{what}")
+            if value is None:
+                continue
+            if not any(method in m.split("+") for m in methods):
+                raise DatasetError(f"--{method}-{what} needs --rerank {method}, dba+aqe or all")
+            if not (value >= 1 if what == "neighbours" else 0 <= value < float("inf")):
+                wanted = "at least 1" if what == "neighbours" else "a number >= 0"
+                raise DatasetError(f"--{method}-{what} must be {wanted}, got {value:g}")
+            values[f"{method}_{what}"] = value
+    settings = RerankSettings(**values)
+    return methods, settings
 
 
 def _bench_embedder(args: argparse.Namespace):
@@ -66,6 +126,7 @@ def _bench_embedder(args: argparse.Namespace):
     every image is embedded (--ks, --out, --factory) are checked."""
     if args.ks and min(args.ks) < 1:
         raise DatasetError(f"--ks must all be >= 1, got {' '.join(map(str, args.ks))}")
+    _rerank_args(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise DatasetError(f"--out {out} is a file; the report needs a folder")
@@ -78,7 +139,14 @@ def _bench_embedder(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .benchmark import DEFAULT_KS, SOP_KS, format_table, run_benchmark, write_report
+    from .benchmark import (
+        DEFAULT_KS,
+        SOP_KS,
+        format_rerank,
+        format_table,
+        run_benchmark,
+        write_report,
+    )
     from .datasets import load_dataset
 
     if args.copy_detection is not None:
@@ -106,9 +174,21 @@ def _bench(args: argparse.Namespace) -> int:
         )
         gallery, queries, name = split.test, None, split.name
     ks = tuple(args.ks) if args.ks else (SOP_KS if args.dataset == "sop" else DEFAULT_KS)
-    report = run_benchmark(embedder, gallery, queries, ks=ks, factory=args.factory, name=name)
+    methods, settings = _rerank_args(args)
+    report = run_benchmark(
+        embedder,
+        gallery,
+        queries,
+        ks=ks,
+        factory=args.factory,
+        name=name,
+        rerank=methods,
+        rerank_settings=settings,
+    )
     write_report(report, Path(args.out))
     print(format_table(report))
+    if methods:
+        print(format_rerank(report))
     print(f"report written to {Path(args.out) / 'report.json'}")
     return 0
 
@@ -136,7 +216,13 @@ def _labelled_sources(path: str, labels_from_folders: bool, flag: str) -> list:
 
 
 def _bench_copy_detection(args: argparse.Namespace) -> int:
-    from .benchmark import DEFAULT_KS, format_table, run_copy_detection, write_report
+    from .benchmark import (
+        DEFAULT_KS,
+        format_rerank,
+        format_table,
+        run_copy_detection,
+        write_report,
+    )
     from .copy_detection import DEFAULT_PER_IMAGE, read_photos
 
     others = {
@@ -167,6 +253,7 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
             "a distractor must be nobody's original"
         )
     embedder = _bench_embedder(args)
+    methods, settings = _rerank_args(args)
     report = run_copy_detection(
         embedder,
         photos,
@@ -177,6 +264,8 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
         factory=args.factory,
         name=f"copy-detection:{args.copy_detection}",
         relevant="label" if args.labels_from_folders else "original",
+        rerank=methods,
+        rerank_settings=settings,
     )
     out = Path(args.out)
     write_report(report, out)
@@ -190,6 +279,8 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
             f"  with {kind:<7} recall@1 {part['recall@1']:.4f}  map {part['map']:.4f}  "
             f"({part['n_queries']} queries)"
         )
+    if methods:
+        print(format_rerank(report))
     siblings = (
         f" (a photo of the original's folder counts as found; {report['n_labels']} labels)"
         if args.labels_from_folders
