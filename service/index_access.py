@@ -4,18 +4,25 @@ The routes never call the store directly: they await these methods, so the same
 routes serve an index opened in this process (`LocalIndex`: each call in a worker
 thread, as the store's calls block on its locks and on FAISS) or one held elsewhere
 (the Ray Serve ingress of `distributed.serve`, whose calls go to the shard deployments).
+An `IndexAccess` is also the `index.query.Searcher` that fusion and re-ranking run on.
+
+`filter` is a metadata filter as decoded JSON (index/filters.py), checked by the
+request models before it gets here, and handed on as it is (it pickles, for Ray).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from index.query import stored_vectors
 from index.shards import ShardedStore
 from index.store import Hit, IndexStore, ItemRecord
+
+Filter = Mapping[str, Any] | None
 
 
 class IndexAccess(Protocol):
@@ -28,8 +35,30 @@ class IndexAccess(Protocol):
     async def contains(self, key: str) -> bool: ...
 
     async def search(
-        self, queries: np.ndarray, k: int, *, label: str | None, exclude_keys: Sequence[str]
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Filter = None,
     ) -> list[list[Hit]]: ...
+
+    async def ranked_search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Filter = None,
+    ) -> list[list[tuple[int, Hit]]]:
+        """`search`, each hit with its item id (what orders equal scores)."""
+        ...
+
+    async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
+        """The stored vectors of `keys` (None: no such item), in one call."""
+        ...
 
     async def add(
         self,
@@ -45,7 +74,7 @@ class IndexAccess(Protocol):
     async def remove(self, keys: Sequence[str]) -> int: ...
 
     async def labelled_items(
-        self, limit: int | None
+        self, limit: int | None, filter: Filter = None
     ) -> tuple[list[str], list[str], np.ndarray]: ...
 
     async def info(self) -> dict[str, Any]: ...
@@ -67,11 +96,38 @@ class LocalIndex:
         return await asyncio.to_thread(self.store.__contains__, key)
 
     async def search(
-        self, queries: np.ndarray, k: int, *, label: str | None, exclude_keys: Sequence[str]
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Filter = None,
     ) -> list[list[Hit]]:
         return await asyncio.to_thread(
-            self.store.search, queries, k, label=label, exclude_keys=exclude_keys
+            self.store.search, queries, k, label=label, exclude_keys=exclude_keys, filter=filter
         )
+
+    async def ranked_search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Filter = None,
+    ) -> list[list[tuple[int, Hit]]]:
+        return await asyncio.to_thread(
+            self.store.ranked_search,
+            queries,
+            k,
+            label=label,
+            exclude_keys=exclude_keys,
+            filter=filter,
+        )
+
+    async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
+        return await asyncio.to_thread(stored_vectors, self.store, keys)
 
     async def add(
         self,
@@ -96,8 +152,10 @@ class LocalIndex:
     async def remove(self, keys: Sequence[str]) -> int:
         return await asyncio.to_thread(self.store.remove, keys)
 
-    async def labelled_items(self, limit: int | None) -> tuple[list[str], list[str], np.ndarray]:
-        return await asyncio.to_thread(self.store.labelled_items, limit)
+    async def labelled_items(
+        self, limit: int | None, filter: Filter = None
+    ) -> tuple[list[str], list[str], np.ndarray]:
+        return await asyncio.to_thread(self.store.labelled_items, limit, filter)
 
     async def info(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.store.info)  # waits out a running save

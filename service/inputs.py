@@ -38,6 +38,8 @@ class ImageUpload:
 
 MAX_FORM_FIELD_BYTES = 1024 * 1024
 MAX_FORM_FIELDS = 64
+JSON_FORM_FIELDS = ("metadata", "filter", "rerank")
+"""Form fields that carry JSON text (an object), decoded before validation."""
 
 
 async def read_body(
@@ -49,27 +51,49 @@ async def read_body(
     JSON: the object validates into `model`; its `image_base64` (if the model has
     one) is decoded into the image bytes.
     """
+    parsed, images = await read_body_images(request, model, image_field=image_field)
+    return parsed, images[0] if images else None
+
+
+async def read_body_images(
+    request: Request, model: type[M], *, image_field: str | None = "image", max_images: int = 1
+) -> tuple[M, list[ImageUpload]]:
+    """`read_body` for routes that take up to `max_images` images: the multipart
+    `image_field` repeated, or in JSON `image_base64` or the list `images_base64`.
+    More images than that is a 422 that says the limit."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
         urlencoded = content_type == "application/x-www-form-urlencoded"
-        return await _read_form(request, model, image_field, urlencoded)
-    if content_type in ("application/json", ""):
-        return await _read_json(request, model)
-    raise ApiError(
-        415,
-        "unsupported_media_type",
-        f"send multipart/form-data (or a urlencoded form) or application/json, "
-        f"not {content_type!r}",
-    )
+        parsed, images = await _read_form(request, model, image_field, urlencoded, max_images)
+    elif content_type in ("application/json", ""):
+        parsed, images = await _read_json(request, model)
+    else:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send multipart/form-data (or a urlencoded form) or application/json, "
+            f"not {content_type!r}",
+        )
+    if len(images) > max_images:
+        raise ApiError(
+            422,
+            "too_many_images",
+            f"{len(images)} images sent; one query takes at most {max_images}",
+        )
+    return parsed, images
 
 
 async def _read_form(
-    request: Request, model: type[M], image_field: str | None, urlencoded: bool
-) -> tuple[M, ImageUpload | None]:
+    request: Request, model: type[M], image_field: str | None, urlencoded: bool, max_images: int
+) -> tuple[M, list[ImageUpload]]:
     if urlencoded:
         return _form_values(model, image_field, _parse_urlencoded(await request.body()))
+    # one image: a second file part is refused by the parser; several: counted after,
+    # so that a few too many are told the limit (the body limit bounds them all)
     form = await request.form(
-        max_files=1, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FORM_FIELD_BYTES
+        max_files=1 if max_images == 1 else MAX_FORM_FIELDS,
+        max_fields=MAX_FORM_FIELDS,
+        max_part_size=MAX_FORM_FIELD_BYTES,
     )
     try:
         fields: list[tuple[str, str | ImageUpload]] = []
@@ -115,13 +139,13 @@ def _upload_name(upload: UploadFile, field: str) -> str:
 
 def _form_values(
     model: type[M], image_field: str | None, fields: list[tuple[str, str | ImageUpload]]
-) -> tuple[M, ImageUpload | None]:
-    """Form fields -> `model` and the image; a file part is the only non-text value."""
+) -> tuple[M, list[ImageUpload]]:
+    """Form fields -> `model` and the images; a file part is the only non-text value."""
     values: dict[str, Any] = {}
-    image: ImageUpload | None = None
+    images: list[ImageUpload] = []
     for name, value in fields:
         if isinstance(value, ImageUpload):
-            image = value
+            images.append(value)
         elif name == image_field:
             raise ApiError(
                 422, "invalid_request", f"{name!r} must be a file part, not a text field"
@@ -133,12 +157,13 @@ def _form_values(
             if problem:
                 raise ApiError(422, "invalid_text", f"form field {name!r}: {problem}")
             values[name] = value
-    if "metadata" in values and "metadata" in model.model_fields:
-        values["metadata"] = _json_field(values["metadata"], "metadata")
-    return _validate(model, values), image
+    for name in JSON_FORM_FIELDS:
+        if name in values and name in model.model_fields:
+            values[name] = _json_field(values[name], name)
+    return _validate(model, values), images
 
 
-async def _read_json(request: Request, model: type[M]) -> tuple[M, ImageUpload | None]:
+async def _read_json(request: Request, model: type[M]) -> tuple[M, list[ImageUpload]]:
     raw = await request.body()
     if not raw:
         raise ApiError(422, "invalid_request", "the request body is empty")
@@ -152,10 +177,19 @@ async def _read_json(request: Request, model: type[M]) -> tuple[M, ImageUpload |
     if problem:
         raise ApiError(422, "invalid_text", problem)
     parsed = _validate(model, data)
-    encoded = getattr(parsed, "image_base64", None)
-    if encoded is None:
-        return parsed, None
-    return parsed, ImageUpload(decode_base64(encoded, "image_base64"), "image_base64")
+    one = getattr(parsed, "image_base64", None)
+    several = getattr(parsed, "images_base64", None)
+    if one is not None and several is not None:
+        raise ApiError(
+            422, "invalid_request", "give image_base64 (one image) or images_base64, not both"
+        )
+    if one is not None:
+        return parsed, [ImageUpload(decode_base64(one, "image_base64"), "image_base64")]
+    images = []
+    for i, text in enumerate(several or ()):
+        name = f"images_base64[{i}]"
+        images.append(ImageUpload(decode_base64(text, name), name))
+    return parsed, images
 
 
 def decode_base64(text: str, field: str) -> bytes:
@@ -172,9 +206,13 @@ def decode_base64(text: str, field: str) -> bytes:
 
 def _json_field(text: str, field: str) -> Any:
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (ValueError, RecursionError):
         raise ApiError(422, "invalid_request", f"{field} must be a JSON object") from None
+    problem = find_unencodable(value, field)
+    if problem:
+        raise ApiError(422, "invalid_text", problem)
+    return value
 
 
 def _validate(model: type[M], values: dict[str, Any]) -> M:

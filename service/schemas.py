@@ -7,6 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from index.filters import FilterError, parse_filter
+from index.fusion import DEFAULT_FUSION, Fusion
+from index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
+from index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS
+
 from .text import (
     MAX_KEY_LENGTH,
     MAX_LABEL_LENGTH,
@@ -20,6 +25,9 @@ MAX_K = 1000
 MAX_VECTOR_LENGTH = 4096
 MAX_METADATA_BYTES = 64 * 1024
 MAX_METADATA_DEPTH = 16
+MAX_QUERY_IMAGES = 16
+"""Images one search may fuse into one query (each is decoded and embedded; together
+they stay within the request's body limit)."""
 # no control characters, 1-512 characters (the schema's half of `text.checked_key`)
 KEY_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f]{{1,{MAX_KEY_LENGTH}}}$"
 
@@ -29,17 +37,73 @@ LookupKey = Annotated[str, AfterValidator(checked_lookup_key)]
 Label = Annotated[str, Field(max_length=MAX_LABEL_LENGTH), AfterValidator(checked_label)]
 
 
+def _checked_filter(value: dict[str, Any]) -> dict[str, Any]:
+    """A metadata filter, checked against the language (index/filters.py) and kept as
+    the decoded JSON (what the store, or a shard in another process, is given)."""
+    try:
+        parse_filter(value)
+    except FilterError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+FILTER_DESCRIPTION = (
+    "only items whose metadata satisfy this filter: "
+    '{"must": [...], "should": [...], "must_not": [...]}, each condition '
+    '{"key": "colour", "match": "red"}, {"key": "colour", "match": {"any": ["red", "blue"]}} '
+    'or {"key": "price", "range": {"gte": 10, "lt": 20}} (the key "label" is the label)'
+)
+FILTER_EXAMPLE = {"must": [{"key": "label", "match": {"any": ["1", "7"]}}]}
+MetadataFilter = Annotated[
+    dict[str, Any],
+    AfterValidator(_checked_filter),
+    Field(description=FILTER_DESCRIPTION, examples=[FILTER_EXAMPLE]),
+]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Rerank(Strict):
+    """Re-ranking after the first search. `aqe`: alpha query expansion, the query
+    replaced by the normalised sum of itself and its top `n` hits' vectors, each
+    weighted by its score to the power `alpha`, then searched again."""
+
+    method: Literal["aqe"] = Field(description="aqe: alpha query expansion")
+    n: int = Field(
+        DEFAULT_AQE_NEIGHBOURS, ge=1, le=MAX_AQE_NEIGHBOURS, description="hits the query takes in"
+    )
+    alpha: float = Field(
+        DEFAULT_AQE_ALPHA,
+        ge=0,
+        le=MAX_AQE_ALPHA,
+        allow_inf_nan=False,
+        description="the hits' weights are their scores to this power (0: plain average)",
+    )
+
+
 class SearchRequest(Strict):
-    """One query: exactly one of the image (multipart `image` or `image_base64`), an
-    indexed item's `key`, or a raw `vector`."""
+    """One query: exactly one of the image or images (multipart `image`, repeated for
+    several, or `image_base64` / `images_base64`), an indexed item's `key`, or a raw
+    `vector`."""
 
     k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
     label: Label | None = Field(None, description="only return items with this label")
+    filter: MetadataFilter | None = None
     image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
+    images_base64: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_QUERY_IMAGES,
+        description="several images, base64, searched as one query (see fusion; JSON only)",
+    )
+    fusion: Fusion = Field(
+        DEFAULT_FUSION,
+        description="several images as one query: mean (search the mean of their "
+        "embeddings) or max (an item scores its best similarity to any of them)",
+    )
+    rerank: Rerank | None = Field(None, description="re-rank the hits (alpha-QE)")
     key: LookupKey | None = Field(None, description="query with this indexed item's vector")
     vector: list[float] | None = Field(
         None, max_length=MAX_VECTOR_LENGTH, description="query with this vector"
@@ -146,6 +210,9 @@ class EvaluateRequest(Strict):
     mode: Literal["leave-one-out", "queries"] = "leave-one-out"
     ks: list[int] = Field([1, 2, 4, 8], min_length=1, max_length=16)
     queries: list[LabelledQuery] | None = Field(None, max_length=10_000)
+    filter: MetadataFilter | None = Field(
+        None, description="only the labelled items whose metadata satisfy it take part"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EvaluateRequest:

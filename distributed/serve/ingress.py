@@ -5,7 +5,8 @@ model and index are the embedder and shard deployments.
 `index`, `embed_upload`, `check_vector`, the model's description, readiness), so the
 routes, middleware and error handlers are the single-process server's own. Its
 `RemoteIndex` fans a search out to every shard and merges the top k with
-`index.shards.merge_ranked`; a lookup goes to the shard that owns the key
+`index.shards.merge_ranked` (a metadata filter, as decoded JSON, goes to every shard
+with the search); a lookup goes to the shard that owns the key
 (`index.shards.shard_of`). A mutation goes to the owning shard's writer replica; the
 ingress (one replica) numbers the items of a sharded index across its shards, as
 `ShardedStore.add` does, so equal scores keep ordering as in one store.
@@ -17,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,21 +92,60 @@ class RemoteIndex:
         return await remote(handle.contains.remote(key), what)
 
     async def search(
-        self, queries: np.ndarray, k: int, *, label: str | None, exclude_keys: Sequence[str]
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Mapping[str, Any] | None = None,
     ) -> list[list[Hit]]:
+        found = await self.ranked_search(
+            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+        )
+        return [[h for _, h in row] for row in found]
+
+    async def ranked_search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        label: str | None,
+        exclude_keys: Sequence[str],
+        filter: Mapping[str, Any] | None = None,
+    ) -> list[list[tuple[int, Hit]]]:
         exclude = list(exclude_keys)
         excluded = split_by_shard(exclude, len(self.shards))
+        flt = None if filter is None else dict(filter)
         calls = [
             remote(
                 handle.ranked_search.remote(
-                    queries, k, label, [exclude[i] for i in excluded.get(n, [])]
+                    queries, k, label, [exclude[i] for i in excluded.get(n, [])], flt
                 ),
                 f"index shard {n}",
             )
             for n, handle in enumerate(self.shards)
         ]
-        found = await asyncio.gather(*calls)
-        return [[h for _, h in row] for row in merge_ranked(found, k, len(queries))]
+        found = _raise_failure(await asyncio.gather(*calls))
+        return merge_ranked(found, k, len(queries))
+
+    async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
+        keys = list(keys)
+        owned = split_by_shard(keys, len(self.shards))
+        shards = list(owned)
+        answers = await asyncio.gather(
+            *(
+                remote(
+                    self.shards[n].vectors.remote([keys[i] for i in owned[n]]), f"index shard {n}"
+                )
+                for n in shards
+            )
+        )
+        out: list[np.ndarray | None] = [None] * len(keys)
+        for n, found in zip(shards, answers, strict=True):
+            for i, vector in zip(owned[n], found, strict=True):
+                out[i] = vector
+        return out
 
     async def add(
         self,
@@ -172,11 +212,16 @@ class RemoteIndex:
             raise failed[0].error
         return sum(answers)
 
-    async def labelled_items(self, limit: int | None) -> tuple[list[str], list[str], np.ndarray]:
-        answers = await asyncio.gather(
-            *(
-                remote(handle.labelled_items.remote(limit), f"index shard {n}")
-                for n, handle in enumerate(self.shards)
+    async def labelled_items(
+        self, limit: int | None, filter: Mapping[str, Any] | None = None
+    ) -> tuple[list[str], list[str], np.ndarray]:
+        flt = None if filter is None else dict(filter)
+        answers = _raise_failure(
+            await asyncio.gather(
+                *(
+                    remote(handle.labelled_items.remote(limit, flt), f"index shard {n}")
+                    for n, handle in enumerate(self.shards)
+                )
             )
         )
         return merge_labelled([a[0] for a in answers], [a[1] for a in answers], self.dim, limit)
@@ -206,6 +251,14 @@ class RemoteIndex:
 
     async def damaged_segments(self) -> list[tuple[Any, str]]:
         return (await self.stats())[1]
+
+
+def _raise_failure(answers: list[Any]) -> list[Any]:
+    """The shards' answers, or the first StoreError one of them returned, raised."""
+    for answer in answers:
+        if isinstance(answer, StoreFailure):
+            raise answer.error
+    return answers
 
 
 @dataclass

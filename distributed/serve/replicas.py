@@ -26,6 +26,7 @@ from ray import serve
 from index.embedder import Embedder
 from index.images import DecodeBudget
 from index.model_metadata import ModelMetadata
+from index.query import stored_vectors
 from index.store import Hit, IndexStore, ItemRecord, StoreError
 from index.store import manifest as mf
 from service.errors import ApiError
@@ -246,12 +247,31 @@ class ShardReplica:
                 _close_quietly(store)
 
     async def ranked_search(
-        self, queries: np.ndarray, k: int, label: str | None, exclude_keys: list[str]
-    ) -> list[list[tuple[int, Hit]]]:
+        self,
+        queries: np.ndarray,
+        k: int,
+        label: str | None,
+        exclude_keys: list[str],
+        filter: dict[str, Any] | None = None,
+    ) -> list[list[tuple[int, Hit]]] | StoreFailure:
+        """`IndexStore.ranked_search` (`filter` as decoded JSON); a StoreError (a bad
+        filter, say) comes back as a StoreFailure."""
         self._ensure_background()
-        return await self._read(
-            lambda store: store.ranked_search(queries, k, label=label, exclude_keys=exclude_keys)
-        )
+
+        def search(store: IndexStore) -> list[list[tuple[int, Hit]]] | StoreFailure:
+            try:
+                return store.ranked_search(
+                    queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+                )
+            except StoreError as exc:
+                return StoreFailure(exc)
+
+        return await self._read(search)
+
+    async def vectors(self, keys: list[str]) -> list[np.ndarray | None]:
+        """The stored vectors of `keys` (None: not in this shard)."""
+        self._ensure_background()
+        return await self._read(lambda store: stored_vectors(store, keys))
 
     async def get(self, key: str) -> ItemRecord | None:
         self._ensure_background()
@@ -261,17 +281,21 @@ class ShardReplica:
         return await self._read(lambda store: key in store)
 
     async def labelled_items(
-        self, limit: int | None
-    ) -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]]:
+        self, limit: int | None, filter: dict[str, Any] | None = None
+    ) -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]] | StoreFailure:
         """`IndexStore.labelled_items` and the item ids of those keys (what orders the
-        items of several shards, `index.shards.store.merge_labelled`)."""
+        items of several shards, `index.shards.store.merge_labelled`); a StoreError
+        (more than `limit` items) comes back as a StoreFailure."""
 
         def read(store: IndexStore) -> tuple[tuple[list[str], list[str], np.ndarray], dict]:
             with store._lock:  # the store's own lock: no delete between the two reads
-                part = store.labelled_items(limit)
+                part = store.labelled_items(limit, filter)
                 return part, store.item_ids(part[0])
 
-        return await self._read(read)
+        try:
+            return await self._read(read)
+        except StoreError as exc:
+            return StoreFailure(exc)
 
     async def info(self) -> dict[str, Any]:
         self._ensure_background()

@@ -4,7 +4,8 @@ leave-one-out: every labelled item queries all other labelled items with the vec
 stored in the index, ranked exactly by `index.metrics.retrieval_metrics`: the same
 computation, on the same vectors, as `vitrieval-index bench` on the images the index
 was built from. queries: uploaded labelled images (or vectors) are embedded and
-ranked against the labelled items.
+ranked against the labelled items. With a metadata `filter`, only the labelled items
+it allows take part (as queries and as the ranked gallery).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
+from index.filters import FilterError
 from index.metrics import retrieval_metrics
 from index.store import StoreError
 
@@ -51,13 +53,20 @@ async def evaluate(request: Request, state: ServiceDep) -> dict[str, Any]:
 
 async def _evaluate(state: ServiceState, body: EvaluateRequest) -> dict[str, Any]:
     try:
-        _, labels, vectors = await state.index.labelled_items(state.settings.max_evaluate_items)
+        _, labels, vectors = await state.index.labelled_items(
+            state.settings.max_evaluate_items, body.filter
+        )
+    except FilterError as exc:  # the request model checked it: a field the index lacks
+        raise ApiError(422, "invalid_request", str(exc)) from None
     except StoreError as exc:
         raise ApiError(
             413, "too_many_items", f"{exc}; evaluate offline with vitrieval-index bench"
         ) from None
     if len(labels) < 2:
-        raise ApiError(422, "not_enough_items", "the index holds fewer than 2 labelled items")
+        which = " matching the filter" if body.filter is not None else ""
+        raise ApiError(
+            422, "not_enough_items", f"the index holds fewer than 2 labelled items{which}"
+        )
     if body.mode == "leave-one-out":
         metrics = await asyncio.to_thread(retrieval_metrics, vectors, labels, body.ks)
     else:

@@ -1,80 +1,135 @@
-"""POST /v1/search and POST /v1/embed: the query path (decode, embed, search)."""
+"""POST /v1/search and POST /v1/embed: the query path (decode, embed, search).
+
+A search takes one query: an image, several images fused into one (`fusion`, see
+index/fusion.py), an indexed item's key, or a vector; narrowed by a label and a
+metadata filter, optionally re-ranked (alpha-QE). What follows the embedding runs in
+`index.query`, as `vitrieval-index search` runs it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
 from fastapi import APIRouter, Request
 
+from index.fusion import FusionError
+from index.query import AQE, Where, search_fused
 from index.store import StoreError
 
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses
-from ..inputs import IMAGE_PART, openapi_body, read_body
-from ..schemas import EmbedRequest, EmbedResponse, HitOut, SearchRequest, SearchResponse
+from ..inputs import IMAGE_PART, ImageUpload, openapi_body, read_body, read_body_images
+from ..schemas import (
+    FILTER_DESCRIPTION,
+    MAX_QUERY_IMAGES,
+    EmbedRequest,
+    EmbedResponse,
+    HitOut,
+    Rerank,
+    SearchRequest,
+    SearchResponse,
+)
 from ..state import ServiceState, Timings
 
 router = APIRouter(prefix="/v1", tags=["search"], dependencies=[ReadAccess])
 
+_SEARCH_FIELDS = SearchRequest.model_json_schema()["properties"]
 _SEARCH_FORM = {
-    "image": IMAGE_PART,
-    "k": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10},
+    "image": {
+        "type": "array",
+        "items": IMAGE_PART,
+        "minItems": 1,
+        "maxItems": MAX_QUERY_IMAGES,
+        "description": "the image file; repeat the field for several images searched as "
+        f"one query (at most {MAX_QUERY_IMAGES}, see fusion)",
+    },
+    "k": _SEARCH_FIELDS["k"],
     "label": {"type": "string"},
     "key": {"type": "string"},
+    "filter": {"type": "string", "description": f"JSON text: {FILTER_DESCRIPTION}"},
+    "fusion": _SEARCH_FIELDS["fusion"],
+    "rerank": {
+        "type": "string",
+        "description": f"JSON text, {Rerank(method='aqe').model_dump_json()}: "
+        + _SEARCH_FIELDS["rerank"]["description"],
+    },
 }
 
 
 @router.post(
     "/search",
     response_model=SearchResponse,
-    summary="Find the indexed items most similar to an image, a key or a vector",
+    summary="Find the indexed items most similar to an image (or images), a key or a vector",
     openapi_extra=openapi_body(SearchRequest, _SEARCH_FORM),
     responses=error_responses(400, 401, 404, 413, 415, 422),
 )
 async def search(request: Request, state: ServiceDep) -> SearchResponse:
-    query, image = await read_body(request, SearchRequest)
+    query, images = await read_body_images(request, SearchRequest, max_images=MAX_QUERY_IMAGES)
     if query.k > state.settings.max_k:
         raise ApiError(422, "invalid_request", f"k must be <= {state.settings.max_k}")
-    given = [image is not None, query.key is not None, query.vector is not None]
+    given = [bool(images), query.key is not None, query.vector is not None]
     if sum(given) != 1:
-        raise ApiError(422, "invalid_request", "give exactly one of: an image, a key, or a vector")
+        raise ApiError(
+            422, "invalid_request", "give exactly one of: an image (or images), a key, or a vector"
+        )
     timings = Timings()
     exclude: list[str] = []
-    if image is not None:
+    if images:
         kind = "image"
-        vector = await state.embed_upload(image, timings)
+        vectors = await _embed_images(state, images, timings)
     elif query.key is not None:
         kind = "key"
         record = await state.index.get(query.key)
         if record is None:
             raise ApiError(404, "unknown_key", f"no item with key {query.key!r}")
-        vector = record.vector
+        vectors = record.vector[None, :]
         exclude = [query.key] if query.exclude_self else []
     else:
         kind = "vector"
-        vector = state.check_vector(query.vector)
-    hits = await _search(state, vector, query.k, query.label, exclude, timings)
+        vectors = state.check_vector(query.vector)[None, :]
+    where = Where(label=query.label, exclude_keys=exclude, filter=query.filter)
+    rerank = None if query.rerank is None else AQE(query.rerank.n, query.rerank.alpha)
+    hits = await _search(state, vectors, query.k, query.fusion, where, rerank, timings)
     return SearchResponse(hits=hits, k=query.k, query=kind, timings_ms=timings.as_dict())
+
+
+async def _embed_images(
+    state: ServiceState, images: list[ImageUpload], timings: Timings
+) -> np.ndarray:
+    """float32 (m, D): the images embedded side by side (they share model calls when
+    batching is on); the request's decode and embed times are the longest of each."""
+    each = [Timings() for _ in images]
+    vectors = await asyncio.gather(
+        *(state.embed_upload(image, t) for image, t in zip(images, each, strict=True))
+    )
+    timings.decode = max(t.decode for t in each)
+    timings.embed = max(t.embed for t in each)
+    return np.stack(vectors)
 
 
 async def _search(
     state: ServiceState,
-    vector: np.ndarray,
+    vectors: np.ndarray,
     k: int,
-    label: str | None,
-    exclude: list[str],
+    fusion: str,
+    where: Where,
+    rerank: AQE | None,
     timings: Timings,
 ) -> list[HitOut]:
     started = time.perf_counter()
     try:
-        rows = await state.index.search(vector[None, :], k, label=label, exclude_keys=exclude)
-    except StoreError as exc:
+        found = await search_fused(
+            state.index, vectors, k, fusion=fusion, where=where, rerank=rerank
+        )
+    except (StoreError, FusionError) as exc:
         raise ApiError(422, "invalid_request", str(exc)) from None
     timings.search = (time.perf_counter() - started) * 1000
     state.metrics.observe_stage("search", timings.search / 1000)
     return [
-        HitOut(key=h.key, score=float(h.score), label=h.label, metadata=h.metadata) for h in rows[0]
+        HitOut(key=h.key, score=float(h.score), label=h.label, metadata=h.metadata)
+        for _, h in found
     ]
 
 
