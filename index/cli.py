@@ -22,6 +22,7 @@ from .cli_configure import (
     apply_index_settings,
     wants_settings,
 )
+from .cli_search import add_search_command
 from .cli_shards import (
     add_shards_option,
     build_sharded_from_args,
@@ -370,37 +371,6 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _search(args: argparse.Namespace) -> int:
-    from .images import ImageDecodeError
-
-    if args.k < 1:
-        raise ValueError("-k must be at least 1")
-    store, model = _open_index(Path(args.index), args.model)
-    # the embedder's own decoding, exactly as `build` decoded the catalogue
-    embedded = embedder_from_args(model, args).embed_sources(args.images)
-    if embedded.errors:
-        raise ImageDecodeError(embedded.errors[0][1])
-    results = store.search(embedded.embeddings, args.k, label=args.label)
-    if args.json:
-        payload = [
-            {
-                "query": str(path),
-                "hits": [
-                    {"key": h.key, "score": h.score, "label": h.label, "path": h.path} for h in hits
-                ],
-            }
-            for path, hits in zip(args.images, results, strict=True)
-        ]
-        print(json.dumps(payload, indent=2))
-        return 0
-    for path, hits in zip(args.images, results, strict=True):
-        print(f"{path}")
-        print(f"  {'rank':>4}  {'score':>7}  {'label':<16}  key")
-        for rank, hit in enumerate(hits, 1):
-            print(f"  {rank:>4}  {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
-    return 0
-
-
 def _export_dataset(args: argparse.Namespace) -> int:
     from .datasets import load_dataset
     from .sources import write_image_folder
@@ -530,15 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--all", action="store_true", help="fold every segment into one")
     merge.set_defaults(handler=_merge)
 
-    search = sub.add_parser("search", help="top-k neighbours of query images")
-    search.add_argument("index")
-    search.add_argument("images", nargs="+", help="query image files")
-    search.add_argument("-k", type=int, default=10)
-    search.add_argument("--label", help="only return items with this label")
-    search.add_argument("--model", help="override the index's model (same fingerprint only)")
-    search.add_argument("--json", action="store_true")
-    add_runtime_options(search)
-    search.set_defaults(handler=_search)
+    add_search_command(sub)
 
     add_bench_command(sub)
     add_configure_command(sub)

@@ -1,0 +1,142 @@
+"""`vitrieval-index search`: the top-k neighbours of query images, apart from cli.py.
+
+Each query image is its own query, or with --fuse all of them are one (index/fusion.py);
+--filter narrows the hits by metadata (index/filters.py) and --rerank aqe re-ranks them
+(alpha query expansion). What follows the embedding is `index.query`, as the HTTP
+service runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .cli_common import add_runtime_options, embedder_from_args
+from .fusion import FUSIONS
+from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS
+
+RERANK_METHODS = ("aqe",)
+
+
+def add_search_command(sub: argparse._SubParsersAction) -> None:
+    search = sub.add_parser("search", help="top-k neighbours of query images")
+    search.add_argument("index")
+    search.add_argument("images", nargs="+", help="query image files")
+    search.add_argument("-k", type=int, default=10)
+    search.add_argument("--label", help="only return items with this label")
+    search.add_argument(
+        "--filter",
+        metavar="JSON",
+        help='only return items whose metadata satisfy this filter, e.g. \'{"must": [{"key": '
+        '"colour", "match": "red"}]}\': JSON text, or @FILE to read it from FILE',
+    )
+    search.add_argument(
+        "--fuse",
+        choices=FUSIONS,
+        help="search the images as one query (one result): mean (the mean of their "
+        "embeddings) or max (an item scores its best similarity to any of them); without "
+        "it each image is its own query",
+    )
+    search.add_argument(
+        "--rerank",
+        choices=RERANK_METHODS,
+        help="re-rank: aqe (alpha query expansion: each query is expanded with its top "
+        "--aqe-n hits and searched again)",
+    )
+    search.add_argument(
+        "--aqe-n",
+        type=int,
+        metavar="N",
+        help=f"with --rerank aqe: hits a query is expanded with (default {DEFAULT_AQE_NEIGHBOURS})",
+    )
+    search.add_argument(
+        "--aqe-alpha",
+        type=float,
+        metavar="A",
+        help="with --rerank aqe: the hits' weights are their scores to this power "
+        f"(default {DEFAULT_AQE_ALPHA:g}; 0 is a plain average)",
+    )
+    search.add_argument("--model", help="override the index's model (same fingerprint only)")
+    search.add_argument("--json", action="store_true")
+    add_runtime_options(search)
+    search.set_defaults(handler=search_command)
+
+
+def read_filter(text: str | None) -> dict[str, Any] | None:
+    """--filter's JSON text (or @FILE's), checked against the filter language: a bad
+    one is a FilterError (a StoreError) or ValueError naming the problem."""
+    from .filters import parse_filter
+
+    if text is None:
+        return None
+    where = "--filter"
+    if text.startswith("@"):
+        where = f"--filter {text}"
+        text = Path(text[1:]).read_text(encoding="utf-8")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{where} is not valid JSON ({exc})") from None
+    parse_filter(raw)
+    return raw
+
+
+def _rerank(args: argparse.Namespace):
+    """The alpha-QE of --rerank aqe, --aqe-n and --aqe-alpha (None without --rerank)."""
+    from .query import AQE
+
+    if args.rerank is None:
+        if args.aqe_n is not None or args.aqe_alpha is not None:
+            raise ValueError("--aqe-n and --aqe-alpha need --rerank aqe")
+        return None
+    n = DEFAULT_AQE_NEIGHBOURS if args.aqe_n is None else args.aqe_n
+    alpha = DEFAULT_AQE_ALPHA if args.aqe_alpha is None else args.aqe_alpha
+    return AQE(n, alpha)  # ValueError: out of range
+
+
+def search_command(args: argparse.Namespace) -> int:
+    from .cli import _open_index  # cli.py registers this command: imported when it runs
+    from .images import ImageDecodeError
+    from .query import Where, search_store, search_store_fused
+
+    if args.k < 1:
+        raise ValueError("-k must be at least 1")
+    where = Where(label=args.label, filter=read_filter(args.filter))
+    rerank = _rerank(args)
+    store, model = _open_index(Path(args.index), args.model)
+    # the embedder's own decoding, exactly as `build` decoded the catalogue
+    embedded = embedder_from_args(model, args).embed_sources(args.images)
+    if embedded.errors:
+        raise ImageDecodeError(embedded.errors[0][1])
+    queries: list[Any]
+    if args.fuse:
+        found = search_store_fused(
+            store, embedded.embeddings, args.k, fusion=args.fuse, where=where, rerank=rerank
+        )
+        queries = [[str(path) for path in args.images]]
+        results = [[hit for _, hit in found]]
+    else:
+        ranked = search_store(store, embedded.embeddings, args.k, where=where, rerank=rerank)
+        queries = [str(path) for path in args.images]
+        results = [[hit for _, hit in row] for row in ranked]
+    if args.json:
+        payload = [
+            {
+                "query": query,
+                **({"fusion": args.fuse} if args.fuse else {}),
+                "hits": [
+                    {"key": h.key, "score": h.score, "label": h.label, "path": h.path} for h in hits
+                ],
+            }
+            for query, hits in zip(queries, results, strict=True)
+        ]
+        print(json.dumps(payload, indent=2))
+        return 0
+    for query, hits in zip(queries, results, strict=True):
+        print(f"{' + '.join(query)} ({args.fuse} of {len(query)})" if args.fuse else query)
+        print(f"  {'rank':>4}  {'score':>7}  {'label':<16}  key")
+        for rank, hit in enumerate(hits, 1):
+            print(f"  {rank:>4}  {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
+    return 0
