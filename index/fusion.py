@@ -36,10 +36,14 @@ class _Scored(Protocol):
 H = TypeVar("H", bound=_Scored)
 
 
+class FusionError(ValueError):
+    """Query images that cannot be fused as asked; the message says why."""
+
+
 def fuse_mean(vectors: np.ndarray) -> np.ndarray:
     """The mean of float32 (m, d) unit vectors, L2-normalised: a float32 (d,) query.
 
-    ValueError when the mean is (numerically) zero: images that cancel each other out
+    FusionError when the mean is (numerically) zero: images that cancel each other out
     have no direction in common to search for.
     """
     x = np.asarray(vectors, dtype=np.float32)
@@ -48,7 +52,7 @@ def fuse_mean(vectors: np.ndarray) -> np.ndarray:
     mean = x.astype(np.float64).mean(axis=0)
     norm = float(np.linalg.norm(mean))
     if not np.isfinite(norm) or norm < 1e-6:
-        raise ValueError(
+        raise FusionError(
             "the query images' embeddings cancel each other out (their mean is zero): "
             "fuse them with max instead"
         )

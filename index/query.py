@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .fusion import DEFAULT_FUSION, FUSIONS, Fusion, fuse_mean, merge_max
+from .fusion import DEFAULT_FUSION, FUSIONS, Fusion, FusionError, fuse_mean, merge_max
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, expand_queries
 from .store import Hit
 
@@ -133,7 +133,7 @@ async def search_fused(
     `mean` searches their normalised mean; `max` each of them (each expanded on its
     own with `rerank`), merged by max score (index.fusion)."""
     if fusion not in FUSIONS:
-        raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
+        raise FusionError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
     x = np.asarray(vectors, dtype=np.float32)
     if len(x) > 1 and fusion == "mean":
         x = fuse_mean(x)[None, :]
