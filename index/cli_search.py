@@ -15,9 +15,7 @@ from typing import Any
 
 from .cli_common import add_runtime_options, embedder_from_args
 from .fusion import FUSIONS
-from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS
-
-RERANK_METHODS = ("aqe",)
+from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
 
 
 def add_search_command(sub: argparse._SubParsersAction) -> None:
@@ -41,9 +39,10 @@ def add_search_command(sub: argparse._SubParsersAction) -> None:
     )
     search.add_argument(
         "--rerank",
-        choices=RERANK_METHODS,
+        choices=SEARCH_METHODS,
         help="re-rank: aqe (alpha query expansion: each query is expanded with its top "
-        "--aqe-n hits and searched again)",
+        "--aqe-n hits and searched again) or dba (rank against the index's DBA vectors, "
+        "from `vitrieval-index configure INDEX --dba`)",
     )
     search.add_argument(
         "--aqe-n",
@@ -84,10 +83,10 @@ def read_filter(text: str | None) -> dict[str, Any] | None:
 
 
 def _rerank(args: argparse.Namespace):
-    """The alpha-QE of --rerank aqe, --aqe-n and --aqe-alpha (None without --rerank)."""
+    """The alpha-QE of --rerank aqe, --aqe-n and --aqe-alpha (None without it)."""
     from .query import AQE
 
-    if args.rerank is None:
+    if args.rerank != "aqe":
         if args.aqe_n is not None or args.aqe_alpha is not None:
             raise ValueError("--aqe-n and --aqe-alpha need --rerank aqe")
         return None
@@ -103,7 +102,7 @@ def search_command(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise ValueError("-k must be at least 1")
-    where = Where(label=args.label, filter=read_filter(args.filter))
+    where = Where(label=args.label, filter=read_filter(args.filter), augmented=args.rerank == "dba")
     rerank = _rerank(args)
     store, model = _open_index(Path(args.index), args.model)
     # the embedder's own decoding, exactly as `build` decoded the catalogue

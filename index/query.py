@@ -66,6 +66,7 @@ class Searcher(Protocol):
         label: str | None,
         exclude_keys: Sequence[str],
         filter: Mapping[str, Any] | None,
+        augmented: bool = False,
     ) -> Ranked: ...
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
@@ -75,14 +76,22 @@ class Searcher(Protocol):
 
 @dataclass(frozen=True)
 class Where:
-    """Which items a query may find: a label, a filter (as decoded JSON), keys left out."""
+    """Which items a query may find (a label, a filter as decoded JSON, keys left out),
+    and which of their vectors it ranks against: `augmented`, the index's DBA vectors
+    (index/store/augment.py)."""
 
     label: str | None = None
     exclude_keys: Sequence[str] = ()
     filter: Mapping[str, Any] | None = None
+    augmented: bool = False
 
     def options(self) -> dict[str, Any]:
-        return {"label": self.label, "exclude_keys": list(self.exclude_keys), "filter": self.filter}
+        return {
+            "label": self.label,
+            "exclude_keys": list(self.exclude_keys),
+            "filter": self.filter,
+            "augmented": self.augmented,
+        }
 
 
 async def search(
@@ -156,9 +165,10 @@ class StoreSearcher:
         label: str | None,
         exclude_keys: Sequence[str],
         filter: Mapping[str, Any] | None,
+        augmented: bool = False,
     ) -> Ranked:
         return self.store.ranked_search(
-            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+            queries, k, label=label, exclude_keys=exclude_keys, filter=filter, augmented=augmented
         )
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:

@@ -46,6 +46,10 @@ METHODS = ("aqe", "dba", "dba+aqe")
 """Re-rankings `rerank_vectors` knows: alpha-QE on the plain gallery, DBA with plain
 queries, and alpha-QE against the DBA gallery."""
 
+SEARCH_METHODS = ("aqe", "dba")
+"""Re-rankings one search asks for (HTTP `rerank`, `vitrieval-index search --rerank`):
+alpha-QE, or ranking against the index's stored DBA vectors (index/store/augment.py)."""
+
 MAX_BLOCK_FLOATS = 1 << 24
 """float32 values one working block holds at most (scores in `exact_neighbours`, gathered
 neighbour vectors in `augment_database`): 64 MB, whatever the chunk sizes left to None."""

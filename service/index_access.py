@@ -52,8 +52,10 @@ class IndexAccess(Protocol):
         label: str | None,
         exclude_keys: Sequence[str],
         filter: Filter = None,
+        augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
-        """`search`, each hit with its item id (what orders equal scores)."""
+        """`search`, each hit with its item id (what orders equal scores); `augmented`
+        ranks against the index's DBA vectors."""
         ...
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
@@ -116,6 +118,7 @@ class LocalIndex:
         label: str | None,
         exclude_keys: Sequence[str],
         filter: Filter = None,
+        augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
         return await asyncio.to_thread(
             self.store.ranked_search,
@@ -124,6 +127,7 @@ class LocalIndex:
             label=label,
             exclude_keys=exclude_keys,
             filter=filter,
+            augmented=augmented,
         )
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from index.filters import FilterError, parse_filter
 from index.fusion import DEFAULT_FUSION, Fusion
 from index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
-from index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS
+from index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
 
 from .text import (
     MAX_KEY_LENGTH,
@@ -61,6 +61,9 @@ MetadataFilter = Annotated[
 ]
 
 
+RerankMethod = Literal[SEARCH_METHODS]  # type: ignore[valid-type]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,9 +71,14 @@ class Strict(BaseModel):
 class Rerank(Strict):
     """Re-ranking after the first search. `aqe`: alpha query expansion, the query
     replaced by the normalised sum of itself and its top `n` hits' vectors, each
-    weighted by its score to the power `alpha`, then searched again."""
+    weighted by its score to the power `alpha`, then searched again. `dba`: rank
+    against the index's DBA vectors (each item averaged with its nearest items when the
+    index was configured with `vitrieval-index configure --dba`); `n` and `alpha` are
+    alpha-QE's only."""
 
-    method: Literal["aqe"] = Field(description="aqe: alpha query expansion")
+    method: RerankMethod = Field(
+        description="aqe: alpha query expansion; dba: the index's DBA vectors"
+    )
     n: int = Field(
         DEFAULT_AQE_NEIGHBOURS, ge=1, le=MAX_AQE_NEIGHBOURS, description="hits the query takes in"
     )

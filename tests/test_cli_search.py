@@ -150,7 +150,7 @@ def test_bad_options_are_one_line_and_exit_2(capsys, catalogue, options, says) -
     assert says in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("options", [["--fuse", "median"], ["--rerank", "dba"]])
+@pytest.mark.parametrize("options", [["--fuse", "median"], ["--rerank", "qe"]])
 def test_unknown_choices_are_usage_errors(capsys, catalogue, options) -> None:
     with pytest.raises(SystemExit) as exit_:
         run(capsys, "search", catalogue["index"], catalogue["queries"][0], *options)
@@ -162,3 +162,20 @@ def test_a_filter_is_checked_before_the_index_is_opened(capsys) -> None:
     code, _, err = run(capsys, "search", "/nonexistent/index", "q.png", "--filter", "[1]")
     assert code == 2 and "filter" in err and "/nonexistent/index" not in err
     parse_filter(RED_OR_BLUE)  # the filter the tests use is a valid one
+
+
+def test_rerank_dba_ranks_against_the_dba_vectors(capsys, catalogue, tmp_path) -> None:
+    import shutil
+
+    index = Path(shutil.copytree(catalogue["index"], tmp_path / "i"))
+    query, vectors = catalogue["queries"][0], catalogue["vectors"][:1]
+    code, _, err = run(capsys, "search", index, query, "--rerank", "dba")
+    assert code == 2 and err.count("\n") == 1 and "has no DBA vectors" in err
+    code, _, err = run(capsys, "configure", index, "--dba", "3")
+    assert code == 0, err
+    code, out, err = run(capsys, "search", index, query, "-k", "6", "--rerank", "dba", "--json")
+    assert code == 0, err
+    with IndexStore.open(index) as store:
+        want = store.search(vectors, 6, augmented=True)[0]
+        assert hits_of(json.loads(out)[0]) == [(h.key, h.score) for h in want]
+        assert want != store.search(vectors, 6)[0]  # DBA changes this ranking

@@ -451,3 +451,25 @@ def test_the_ray_ingress_index_passes_filters_and_reads_vectors(tmp_path) -> Non
     with open_index(tmp_path / "sharded") as sharded:
         aqe = search_store(sharded, x[:2], 5, where=Where(filter=flt), rerank=AQE(3))
         asyncio.run(scenario(sharded, aqe))
+
+
+def test_rerank_dba_ranks_against_the_index_dba_vectors(
+    digits_gallery, served_index, gallery, reference
+) -> None:
+    vector = reference.get(gallery[4].key).vector.tolist()
+    settings = Settings(model=digits_gallery["model"], index=served_index, api_key=KEY)
+    with TestClient(create_app(settings)) as c:  # before: the index has no DBA vectors
+        r = c.post("/v1/search", json={"vector": vector, "k": 5, "rerank": {"method": "dba"}})
+        assert r.status_code == 422 and "has no DBA vectors" in r.json()["detail"]
+    with IndexStore.open(served_index) as store:
+        store.set_dba(3, 2.0)
+        store.save()
+        store.merge(everything=True, rewrite=True)
+        want = expected(store, vector, 5, augmented=True, filter=ODD)
+        plain = expected(store, vector, 5, filter=ODD)
+    assert want != plain  # DBA changes this ranking: the comparison below can fail
+    with TestClient(create_app(settings)) as c:
+        body = {"vector": vector, "k": 5, "filter": ODD, "rerank": {"method": "dba"}}
+        r = c.post("/v1/search", json=body)
+        assert r.status_code == 200, r.text
+        assert keys_scores(r.json()["hits"]) == want

@@ -113,6 +113,7 @@ class RemoteIndex:
         label: str | None,
         exclude_keys: Sequence[str],
         filter: Mapping[str, Any] | None = None,
+        augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
         exclude = list(exclude_keys)
         excluded = split_by_shard(exclude, len(self.shards))
@@ -120,7 +121,7 @@ class RemoteIndex:
         calls = [
             remote(
                 handle.ranked_search.remote(
-                    queries, k, label, [exclude[i] for i in excluded.get(n, [])], flt
+                    queries, k, label, [exclude[i] for i in excluded.get(n, [])], flt, augmented
                 ),
                 f"index shard {n}",
             )

@@ -253,6 +253,7 @@ class ShardReplica:
         label: str | None,
         exclude_keys: list[str],
         filter: dict[str, Any] | None = None,
+        augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]] | StoreFailure:
         """`IndexStore.ranked_search` (`filter` as decoded JSON); a StoreError (a bad
         filter, say) comes back as a StoreFailure."""
@@ -261,7 +262,12 @@ class ShardReplica:
         def search(store: IndexStore) -> list[list[tuple[int, Hit]]] | StoreFailure:
             try:
                 return store.ranked_search(
-                    queries, k, label=label, exclude_keys=exclude_keys, filter=filter
+                    queries,
+                    k,
+                    label=label,
+                    exclude_keys=exclude_keys,
+                    filter=filter,
+                    augmented=augmented,
                 )
             except StoreError as exc:
                 return StoreFailure(exc)

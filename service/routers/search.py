@@ -89,8 +89,11 @@ async def search(request: Request, state: ServiceDep) -> SearchResponse:
     else:
         kind = "vector"
         vectors = state.check_vector(query.vector)[None, :]
-    where = Where(label=query.label, exclude_keys=exclude, filter=query.filter)
-    rerank = None if query.rerank is None else AQE(query.rerank.n, query.rerank.alpha)
+    method = query.rerank.method if query.rerank else None
+    where = Where(
+        label=query.label, exclude_keys=exclude, filter=query.filter, augmented=method == "dba"
+    )
+    rerank = AQE(query.rerank.n, query.rerank.alpha) if method == "aqe" else None
     hits = await _search(state, vectors, query.k, query.fusion, where, rerank, timings)
     return SearchResponse(hits=hits, k=query.k, query=kind, timings_ms=timings.as_dict())
 
