@@ -335,7 +335,7 @@ def test_aqe_answers_what_the_query_module_answers_on_the_store(client, gallery,
 @pytest.mark.parametrize(
     ("rerank", "named"),
     [
-        ({"method": "dba"}, "rerank.method"),
+        ({"method": "qe"}, "rerank.method"),
         ({"method": "AQE"}, "rerank.method"),
         ({}, "rerank.method"),
         ({"method": "aqe", "n": 0}, "rerank.n"),
