@@ -1,6 +1,13 @@
-"""Training losses, one per module, registered by name."""
+"""Training losses, one per module, registered by name.
+
+Their options and defaults are declared in training/options.py (LOSSES for the
+registered ones); the factories pass options on to the constructors, which take the
+defaults from there.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from .base import MetricLoss, check_embeddings_and_labels, check_paired_views
 from .dense_contrastive import DenseContrastiveLoss
@@ -12,8 +19,8 @@ from .triplet import TripletMarginLoss, create_triplet
 
 
 @register_loss("norm_softmax")
-def _norm_softmax(embedding_dim: int, num_classes: int, temperature: float = 0.05) -> MetricLoss:
-    return NormSoftmaxLoss(embedding_dim, num_classes, temperature=temperature)
+def _norm_softmax(embedding_dim: int, num_classes: int, **options: Any) -> MetricLoss:
+    return NormSoftmaxLoss(embedding_dim, num_classes, **options)
 
 
 register_loss("triplet")(create_triplet)

@@ -28,9 +28,9 @@ Negatives, by `negatives`:
 Cross-view negatives (sec. 3.2, appendix C.1): with N = `cross_view_negatives` > 0,
 each anchor token also gets the N tokens of the positive view p(a) least similar to
 it on the dense projections (its matched token k+ excluded: it is the positive), a
-set per token. N defaults to 64 for "guided" (the paper's DenseCL++* of Table 2) and
-0 otherwise; it can be combined with any negatives. N is clipped to T - 1 and M to
-the number of distinct sets, T^(2(B-1)).
+set per token. N defaults to GUIDED_CROSS_VIEW_NEGATIVES (training/options.py, the
+paper's DenseCL++* of Table 2) for "guided" and 0 otherwise; it can be combined with
+any negatives. N is clipped to T - 1 and M to the number of distinct sets, T^(2(B-1)).
 
 The loss of token k of anchor view a, with s = the cosines above and tau the
 temperature (every exponent divided by tau: docs/papers.md, reading 4), is
@@ -59,17 +59,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..options import NEGATIVES, DenseContrastiveOptions, default_cross_view_negatives
 from .base import check_paired_views, check_temperature
 
-NEGATIVES = ("random", "guided", "densecl")
+__all__ = ["NEGATIVES", "DenseContrastiveLoss"]
 GUIDED_CHUNK_ELEMENTS = 1 << 24
 """Similarities computed at once while scoring guided candidates (64 MiB of fp32)."""
 
 
 class DenseContrastiveLoss(nn.Module):
-    """Args: negatives (one of NEGATIVES), temperature tau (> 0, 0.1 by default),
-    candidates M (guided, 256), beta (guided threshold of eq. 3, 0.5), and
-    cross_view_negatives N (None: 64 for guided, else 0). Has no parameters.
+    """Args: negatives (one of NEGATIVES), temperature tau (> 0), candidates M (guided),
+    beta (guided threshold of eq. 3), and cross_view_negatives N (None: the default of
+    `negatives`); the defaults are DenseContrastiveOptions (training/options.py). Has no
+    parameters.
 
     forward(z (2B, T, c), features (2B, T, C), generator=None) -> scalar. B >= 2.
     Computed in fp32 whatever the input dtype; z is L2-normalised here too.
@@ -77,11 +79,11 @@ class DenseContrastiveLoss(nn.Module):
 
     def __init__(
         self,
-        negatives: str = "random",
-        temperature: float = 0.1,
-        candidates: int = 256,
-        beta: float = 0.5,
-        cross_view_negatives: int | None = None,
+        negatives: str = DenseContrastiveOptions.negatives,
+        temperature: float = DenseContrastiveOptions.temperature,
+        candidates: int = DenseContrastiveOptions.candidates,
+        beta: float = DenseContrastiveOptions.beta,
+        cross_view_negatives: int | None = DenseContrastiveOptions.cross_view_negatives,
     ):
         super().__init__()
         if negatives not in NEGATIVES:
@@ -91,7 +93,7 @@ class DenseContrastiveLoss(nn.Module):
         if not -1.0 <= beta <= 1.0:
             raise ValueError(f"beta must lie in [-1, 1], got {beta}")
         if cross_view_negatives is None:
-            cross_view_negatives = 64 if negatives == "guided" else 0
+            cross_view_negatives = default_cross_view_negatives(negatives)
         if cross_view_negatives < 0:
             raise ValueError(f"cross_view_negatives must be >= 0, got {cross_view_negatives}")
         self.negatives = negatives

@@ -24,17 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..options import InfoNCEOptions
 from .base import check_paired_views, check_temperature
 
 
 class InfoNCELoss(nn.Module):
-    """Args: temperature tau (> 0; 0.1, SimCLR's, by default). Has no parameters.
+    """Args: temperature tau (> 0; default: InfoNCEOptions, SimCLR's). Has no parameters.
 
     forward(z (2B, c) float) -> scalar, the mean over the 2B anchors. z is
     L2-normalised here too (a no-op for unit rows), in fp32 whatever its dtype.
     """
 
-    def __init__(self, temperature: float = 0.1):
+    def __init__(self, temperature: float = InfoNCEOptions.temperature):
         super().__init__()
         self.temperature = check_temperature(temperature)
 

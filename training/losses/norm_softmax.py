@@ -17,13 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..options import NormSoftmaxOptions
 from .base import MetricLoss, check_temperature
 
 
 class NormSoftmaxLoss(MetricLoss):
-    """Args: embedding_dim D, num_classes C, temperature tau (0.05 as in Zhai & Wu)."""
+    """Args: embedding_dim D, num_classes C, temperature tau (default: NormSoftmaxOptions)."""
 
-    def __init__(self, embedding_dim: int, num_classes: int, temperature: float = 0.05):
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_classes: int,
+        temperature: float = NormSoftmaxOptions.temperature,
+    ):
         super().__init__()
         if num_classes < 2:
             raise ValueError(f"norm_softmax needs at least 2 classes, got {num_classes}")

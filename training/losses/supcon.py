@@ -30,16 +30,19 @@ set to -inf, so exp never overflows even at small tau.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
+from ..options import SupConOptions
 from .base import MetricLoss, check_temperature
 
 
 class SupConLoss(MetricLoss):
-    """Args: temperature tau (0.1 as in LaCViT). Has no parameters."""
+    """Args: temperature tau (default: SupConOptions). Has no parameters."""
 
-    def __init__(self, temperature: float = 0.1):
+    def __init__(self, temperature: float = SupConOptions.temperature):
         super().__init__()
         self.temperature = check_temperature(temperature)
 
@@ -71,7 +74,7 @@ class SupConLoss(MetricLoss):
         return per_anchor.mean()
 
 
-def create_supcon(embedding_dim: int, num_classes: int, temperature: float = 0.1) -> SupConLoss:
+def create_supcon(embedding_dim: int, num_classes: int, **options: Any) -> SupConLoss:
     """Registry factory (`--loss supcon`); `embedding_dim` and `num_classes` are unused."""
     del embedding_dim, num_classes
-    return SupConLoss(temperature=temperature)
+    return SupConLoss(**options)

@@ -34,22 +34,30 @@ makes every batch valid.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
+from ..options import DISTANCES, MINING, TripletOptions
 from .base import MetricLoss
 
-MINING = ("all", "batch_hard", "semi_hard")
-DISTANCES = ("cosine", "euclidean")
+__all__ = ["DISTANCES", "MINING", "TripletMarginLoss", "create_triplet"]
 
 
 class TripletMarginLoss(MetricLoss):
-    """Args: margin (>= 0), mining (one of MINING), distance (one of DISTANCES).
+    """Args: margin (>= 0), mining (one of MINING), distance (one of DISTANCES); the
+    defaults are TripletOptions (training/options.py).
 
     Has no parameters; labels may be any integers (they are only compared).
     """
 
-    def __init__(self, margin: float = 0.1, mining: str = "batch_hard", distance: str = "cosine"):
+    def __init__(
+        self,
+        margin: float = TripletOptions.margin,
+        mining: str = TripletOptions.mining,
+        distance: str = TripletOptions.distance,
+    ):
         super().__init__()
         if mining not in MINING:
             raise ValueError(f"unknown triplet mining {mining!r}; valid: {', '.join(MINING)}")
@@ -128,13 +136,7 @@ class TripletMarginLoss(MetricLoss):
         return loss.clamp(min=0).mean()
 
 
-def create_triplet(
-    embedding_dim: int,
-    num_classes: int,
-    margin: float = 0.1,
-    mining: str = "batch_hard",
-    distance: str = "cosine",
-) -> TripletMarginLoss:
+def create_triplet(embedding_dim: int, num_classes: int, **options: Any) -> TripletMarginLoss:
     """Registry factory; embedding_dim and num_classes are unused (no class proxies)."""
     del embedding_dim, num_classes
-    return TripletMarginLoss(margin=margin, mining=mining, distance=distance)
+    return TripletMarginLoss(**options)

@@ -1,7 +1,14 @@
-"""Pooling heads that turn ViT tokens into one vector per image, registered by name."""
+"""Pooling heads that turn ViT tokens into one vector per image, registered by name.
+
+Their options and defaults are declared in training/options.py (POOLINGS); the
+factories here pass options on to the constructors, which take the defaults from there.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..options import GGeMOptions
 from .avg import AvgPooling
 from .base import Pooling, split_tokens
 from .ccbp import CCBP
@@ -35,43 +42,30 @@ def _max(in_dim: int, num_heads: int) -> tuple[Pooling, int]:
 
 
 @register_pooling("gem")
-def _gem(in_dim: int, num_heads: int, p: float = 3.0) -> tuple[Pooling, int]:
-    return GeM(p=p), in_dim
+def _gem(in_dim: int, num_heads: int, **options: Any) -> tuple[Pooling, int]:
+    return GeM(**options), in_dim
 
 
 @register_pooling("ggem")
 def _ggem(
-    in_dim: int, num_heads: int, p: float = 3.0, groups: int | None = None
+    in_dim: int, num_heads: int, groups: int | None = GGeMOptions.groups, **options: Any
 ) -> tuple[Pooling, int]:
     groups = groups or num_heads  # the paper's recommendation: one group per attention head
     if groups < 1 or in_dim % groups:
         raise PoolingOptionError(f"ggem: {in_dim} channels cannot be split into {groups} groups")
-    return GGeM(groups=groups, p=p), in_dim
+    return GGeM(groups=groups, **options), in_dim
 
 
 @register_pooling("ccbp")
-def _ccbp(
-    in_dim: int,
-    num_heads: int,
-    d: int = 256,
-    out_dim: int = 512,
-    codebook: int = 32,
-    scale: float = 10.0,
-) -> tuple[Pooling, int]:
-    return CCBP(in_dim, d=d, out_dim=out_dim, codebook=codebook, scale=scale), out_dim
+def _ccbp(in_dim: int, num_heads: int, **options: Any) -> tuple[Pooling, int]:
+    pool = CCBP(in_dim, **options)
+    return pool, pool.out_dim
 
 
 @register_pooling("jcf")
-def _jcf(
-    in_dim: int,
-    num_heads: int,
-    d: int = 256,
-    out_dim: int = 512,
-    codebook: int = 32,
-    rank: int = 8,
-    scale: float = 10.0,
-) -> tuple[Pooling, int]:
-    return JCF(in_dim, d=d, out_dim=out_dim, codebook=codebook, rank=rank, scale=scale), out_dim
+def _jcf(in_dim: int, num_heads: int, **options: Any) -> tuple[Pooling, int]:
+    pool = JCF(in_dim, **options)
+    return pool, pool.out_dim
 
 
 __all__ = [

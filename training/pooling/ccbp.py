@@ -45,9 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..options import CCBPOptions
 from .base import Pooling
-
-DEFAULT_SCALE = 10.0
 
 
 def bilinear_features(
@@ -89,9 +88,7 @@ class CodebookPooling(Pooling):
     `factorised_parameters()`.
     """
 
-    def __init__(
-        self, in_dim: int, d: int, out_dim: int, codebook: int, scale: float = DEFAULT_SCALE
-    ):
+    def __init__(self, in_dim: int, d: int, out_dim: int, codebook: int, scale: float):
         super().__init__()
         for name, value in (("in_dim", in_dim), ("d", d), ("out_dim", out_dim)):
             if value < 1:
@@ -146,10 +143,12 @@ class CCBP(CodebookPooling):
 
     Args:
         in_dim: width of the patch tokens.
-        d: width of the reduced local features (paper: 256).
-        out_dim: D, the representation width (paper: 512).
-        codebook: N, the number of codewords (paper: 32).
+        d: width of the reduced local features.
+        out_dim: D, the representation width.
+        codebook: N, the number of codewords.
         scale: initial softmax scale s of the assignment (learnable; see module doc).
+
+    Defaults: CCBPOptions (training/options.py), the paper's sizes.
 
     Parameters: reduce (in_dim*d + d), codebook (N*d), log_scale (1), U and V
     (d, D, N) each: the factorised part has 2NdD parameters.
@@ -158,11 +157,11 @@ class CCBP(CodebookPooling):
     def __init__(
         self,
         in_dim: int,
-        d: int = 256,
-        out_dim: int = 512,
-        codebook: int = 32,
+        d: int = CCBPOptions.d,
+        out_dim: int = CCBPOptions.out_dim,
+        codebook: int = CCBPOptions.codebook,
         *,
-        scale: float = DEFAULT_SCALE,
+        scale: float = CCBPOptions.scale,
     ):
         super().__init__(in_dim, d, out_dim, codebook, scale)
         std = 1.0 / math.sqrt(d)

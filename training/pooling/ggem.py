@@ -24,6 +24,7 @@ import math
 import torch
 from torch import nn
 
+from ..options import GGeMOptions
 from .base import Pooling
 
 
@@ -36,9 +37,17 @@ class GGeM(Pooling):
         p: initial exponent of every group (the paper uses 3 for retrieval).
         eps: activations are clamped to at least eps before the power.
         learn_p: train the exponents (True) or keep them fixed.
+
+    Defaults: GGeMOptions (training/options.py).
     """
 
-    def __init__(self, groups: int, p: float = 3.0, eps: float = 1e-6, learn_p: bool = True):
+    def __init__(
+        self,
+        groups: int,
+        p: float = GGeMOptions.p,
+        eps: float = GGeMOptions.eps,
+        learn_p: bool = GGeMOptions.learn_p,
+    ):
         super().__init__()
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")

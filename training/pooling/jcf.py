@@ -28,7 +28,8 @@ import math
 import torch
 from torch import nn
 
-from .ccbp import DEFAULT_SCALE, CodebookPooling, bilinear_features
+from ..options import JCFOptions
+from .ccbp import CodebookPooling, bilinear_features
 
 
 class JCF(CodebookPooling):
@@ -36,11 +37,13 @@ class JCF(CodebookPooling):
 
     Args:
         in_dim: width of the patch tokens.
-        d: width of the reduced local features (paper: 256).
-        out_dim: D, the representation width (paper: 512).
-        codebook: N, the number of codewords (paper: 32).
-        rank: R, the number of shared projectors (paper: 8).
+        d: width of the reduced local features.
+        out_dim: D, the representation width.
+        codebook: N, the number of codewords.
+        rank: R, the number of shared projectors.
         scale: initial softmax scale s of the assignment (learnable).
+
+    Defaults: JCFOptions (training/options.py), the paper's sizes.
 
     Parameters: reduce (in_dim*d + d), codebook (N*d), log_scale (1), A and B (N, R),
     U_tilde and V_tilde (d, D, R): the factorised part has 2(RdD + NR) parameters.
@@ -49,12 +52,12 @@ class JCF(CodebookPooling):
     def __init__(
         self,
         in_dim: int,
-        d: int = 256,
-        out_dim: int = 512,
-        codebook: int = 32,
-        rank: int = 8,
+        d: int = JCFOptions.d,
+        out_dim: int = JCFOptions.out_dim,
+        codebook: int = JCFOptions.codebook,
+        rank: int = JCFOptions.rank,
         *,
-        scale: float = DEFAULT_SCALE,
+        scale: float = JCFOptions.scale,
     ):
         super().__init__(in_dim, d, out_dim, codebook, scale)
         if rank < 1:
