@@ -11,7 +11,6 @@ import contextlib
 import logging
 import shutil
 import sys
-import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 # Parsing the command line (and --help) imports no torch or timm: the modules that do
 # are imported inside the commands, so `vitrieval-train --help` answers at once.
 from .config import (
+    POOL_FLAGS,
     ConfigError,
     FitConfig,
     add_config_arguments,
@@ -196,19 +196,7 @@ def _without_name(stage: dict) -> dict:
     return {k: v for k, v in stage.items() if k != "name"}
 
 
-EXPORT_MODEL_FIELDS = (
-    "backbone",
-    "pool",
-    "dim",
-    "pretrained",
-    "seed",
-    "pool_p",
-    "pool_groups",
-    "pool_dim",
-    "pool_out_dim",
-    "pool_codebook",
-    "pool_rank",
-)
+EXPORT_MODEL_FIELDS = ("backbone", "pool", "dim", "pretrained", "seed", *POOL_FLAGS)
 """The FitConfig fields `export --init-only` takes: what builds the model, no training."""
 
 
@@ -246,11 +234,7 @@ def _export(args: argparse.Namespace) -> int:
 def _init_only_config(args: argparse.Namespace, given: list[str]) -> FitConfig:
     """`--init-only`: a FitConfig of the model flags (the rest at fit's defaults)."""
     cfg = FitConfig(out="", **{name: getattr(args, name) for name in given})
-    for name in ("dim", "pool_groups", "pool_dim", "pool_out_dim", "pool_codebook", "pool_rank"):
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    cfg._check_pool_options()
+    cfg.check_model_options()
     if cfg.pretrained and cfg.pretrained != "timm" and not Path(cfg.pretrained).is_file():
         raise ConfigError(f"--pretrained {cfg.pretrained}: no such file")
     return cfg
@@ -320,7 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--no-check", action="store_true", help="skip the ONNX Runtime parity check"
     )
-    _add_model_arguments(export.add_argument_group("--init-only model (fit's options)"))
+    add_config_arguments(
+        export.add_argument_group("--init-only model (fit's options)"),
+        only=EXPORT_MODEL_FIELDS,
+    )
     export.set_defaults(handler=_export)
 
     from .analyze import add_analyze_parser
@@ -331,26 +318,6 @@ def build_parser() -> argparse.ArgumentParser:
         # after the command too; SUPPRESS keeps a flag given before it
         _global_options(command, default=argparse.SUPPRESS)
     return parser
-
-
-def _add_model_arguments(group: argparse._ArgumentGroup) -> None:
-    """fit's flags for the fields in EXPORT_MODEL_FIELDS, with fit's help texts."""
-    hints = typing.get_type_hints(FitConfig)
-    for f in fields(FitConfig):
-        if f.name not in EXPORT_MODEL_FIELDS:
-            continue
-        base = next(
-            a for a in typing.get_args(hints[f.name]) or (hints[f.name],) if a is not type(None)
-        )
-        default = "" if f.default in (None, "") else f" (default: {f.default})"
-        group.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            *f.metadata.get("flags", ()),
-            dest=f.name,
-            type=base,
-            default=None,
-            help=f.metadata.get("help", "") + default,
-        )
 
 
 def _global_options(parser: argparse.ArgumentParser, default: object) -> None:

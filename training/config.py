@@ -20,6 +20,8 @@ import yaml
 
 from index.atomic import atomic_write_text
 
+from .options import LOSSES, POOLINGS, FlagOption, flag_options
+
 
 class ConfigError(ValueError):
     """A configuration file or value that cannot be used; the message says which."""
@@ -33,31 +35,35 @@ METHODS = ("metric", "lacvit", "ce")
 on two views, then a linear probe on the frozen encoder); plain cross-entropy training
 of encoder + linear head (the baseline LaCViT is compared with). See training/lacvit.py."""
 
-# Which config fields each loss's factory takes as options.
-LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
-    "norm_softmax": ("temperature",),
-    "supcon": ("temperature",),
-    "triplet": ("margin", "mining"),
-}
+POOL_FLAGS: dict[str, FlagOption] = flag_options(POOLINGS)
+LOSS_FLAGS: dict[str, FlagOption] = flag_options(LOSSES)
+"""The config fields (and flags) that set options of the poolings and losses, derived
+from their declarations in training/options.py: help, default and checks."""
 
-
-# Which config fields each pooling's factory takes, under which option name.
 POOL_OPTIONS: dict[str, dict[str, str]] = {
-    "gem": {"p": "pool_p"},
-    "ggem": {"p": "pool_p", "groups": "pool_groups"},
-    "ccbp": {"d": "pool_dim", "out_dim": "pool_out_dim", "codebook": "pool_codebook"},
-    "jcf": {
-        "d": "pool_dim",
-        "out_dim": "pool_out_dim",
-        "codebook": "pool_codebook",
-        "rank": "pool_rank",
-    },
+    pool: taken
+    for pool in POOLINGS
+    if (taken := {f.takers[pool]: f.name for f in POOL_FLAGS.values() if pool in f.takers})
 }
+"""Which config fields each pooling's factory takes, under which option name."""
+
+LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
+    loss: taken
+    for loss in LOSSES
+    if (taken := tuple(f.name for f in LOSS_FLAGS.values() if loss in f.takers))
+}
+"""Which config fields each loss's factory takes as options: the trainer passes each
+field as the option of the same name."""
+
+DEFAULT_LOSS = "norm_softmax"
+"""`--loss`'s default; a loss without a temperature resolves `temperature` to this
+loss's (unused, and recorded in config.yaml as before)."""
 
 SECOND_ORDER_POOLS = ("ccbp", "jcf")
-
-POOL_HEAD_SIZES = ("pool_dim", "pool_out_dim", "pool_codebook", "pool_rank")
-"""Size options of the second-order heads (ccbp, jcf); None leaves the head's default."""
+LR = 2e-3
+SECOND_ORDER_LR = 5e-4
+"""`--lr`'s default: LR, and SECOND_ORDER_LR for SECOND_ORDER_POOLS, whose codebook
+heads collapse from scratch at LR (docs/training.md, "Second-order pooling on digits")."""
 
 
 DECODE_CACHE_MODES = ("auto", "memory", "disk", "off")
@@ -93,6 +99,16 @@ def check_run_folder(out: str | None) -> None:
 def opt(help: str, default: Any = None, **extra: Any) -> Any:
     """A config field with its `--flag` help text (and extra flag names in `flags`)."""
     return field(default=default, metadata={"help": help, **extra})
+
+
+def component_opt(flag: FlagOption) -> Any:
+    """The config field of a pooling or loss option: help and default from its declaration."""
+    return opt(flag.help, flag.default, component=flag.name)
+
+
+def _short(number: float) -> str:
+    """2e-3, not 0.002: how learning rates are written."""
+    return f"{number:.0e}".replace("e-0", "e-")
 
 
 def decode_cache_option() -> Any:
@@ -136,20 +152,20 @@ class FitConfig:
     pretrained: str | None = opt("weights file (safetensors or state dict), or 'timm' for the hub")
     init: str | None = opt("run folder whose model.safetensors initialises the whole model")
     freeze_backbone: bool = opt("train only the pooling/projection head (and the loss)", False)
-    pool: str = opt("pooling head: cls | avg | max | gem | ggem | ccbp | jcf", "ggem")
-    pool_p: float = opt("initial exponent p of gem/ggem", 3.0)
-    pool_groups: int | None = opt("ggem groups (default: the backbone's number of heads)")
-    pool_dim: int | None = opt("ccbp/jcf: width d of the reduced local features (default: 256)")
-    pool_out_dim: int | None = opt("ccbp/jcf: output width D (default: 512)")
-    pool_codebook: int | None = opt("ccbp/jcf: codebook size N (default: 32)")
-    pool_rank: int | None = opt("jcf: number R of shared projectors (default: 8)")
+    pool: str = opt(f"pooling head: {' | '.join(POOLINGS)}", "ggem")
+    pool_p: float = component_opt(POOL_FLAGS["pool_p"])
+    pool_groups: int | None = component_opt(POOL_FLAGS["pool_groups"])
+    pool_dim: int | None = component_opt(POOL_FLAGS["pool_dim"])
+    pool_out_dim: int | None = component_opt(POOL_FLAGS["pool_out_dim"])
+    pool_codebook: int | None = component_opt(POOL_FLAGS["pool_codebook"])
+    pool_rank: int | None = component_opt(POOL_FLAGS["pool_rank"])
     dim: int | None = opt("project the pooled vector to this many dimensions (default: none)")
     drop_path: float = opt("stochastic depth rate", 0.1)
     # loss
-    loss: str = opt("training loss: norm_softmax | triplet | supcon", "norm_softmax")
-    temperature: float | None = opt("temperature of norm_softmax (0.05) or supcon (0.1)")
-    margin: float = opt("triplet margin", 0.1)
-    mining: str = opt("triplet mining: batch_hard | semi_hard | all", "batch_hard")
+    loss: str = opt(f"training loss: {' | '.join(LOSSES)}", DEFAULT_LOSS)
+    temperature: float | None = component_opt(LOSS_FLAGS["temperature"])
+    margin: float = component_opt(LOSS_FLAGS["margin"])
+    mining: str = component_opt(LOSS_FLAGS["mining"])
     sampler: str | None = opt("random | pk (default: pk for triplet and supcon, else random)")
     classes_per_batch: int = opt("P of the class-balanced P x K sampler", 8)
     samples_per_class: int = opt("K of the class-balanced P x K sampler", 8)
@@ -162,7 +178,8 @@ class FitConfig:
     epochs: int = opt("training epochs (0: evaluate and save the initial model)", 80)
     batch_size: int = opt("images per step", 64)
     lr: float | None = opt(
-        "peak learning rate of the network (AdamW) (default: 2e-3, 5e-4 for ccbp and jcf)"
+        f"peak learning rate of the network (AdamW) (default: {_short(LR)}, "
+        f"{_short(SECOND_ORDER_LR)} for {' and '.join(SECOND_ORDER_POOLS)})"
     )
     proxy_lr_scale: float = opt("learning-rate multiplier of the loss's class proxies", 10.0)
     weight_decay: float = opt("AdamW weight decay (not on biases, norms, tokens, p)", 0.05)
@@ -191,9 +208,7 @@ class FitConfig:
         """A copy with the derived defaults filled in."""
         cfg = FitConfig(**asdict(self))
         if cfg.lr is None:
-            # the codebook heads collapse from scratch at 2e-3 (docs/training.md,
-            # "Second-order pooling on digits"); 5e-4 trains them
-            cfg.lr = 5e-4 if cfg.pool in SECOND_ORDER_POOLS else 2e-3
+            cfg.lr = SECOND_ORDER_LR if cfg.pool in SECOND_ORDER_POOLS else LR
         if cfg.layer_decay is None:
             cfg.layer_decay = 0.65 if cfg.pretrained else 1.0
         if cfg.method == "lacvit":
@@ -201,7 +216,8 @@ class FitConfig:
         elif cfg.method == "ce":
             cfg.loss = "cross_entropy"
         if cfg.temperature is None:
-            cfg.temperature = 0.1 if cfg.loss == "supcon" else 0.05
+            temperature = LOSS_FLAGS["temperature"].defaults
+            cfg.temperature = temperature.get(cfg.loss, temperature[DEFAULT_LOSS])
         if cfg.sampler is None:
             # pair-based losses need several images of a class in every batch
             # (LaCViT's two views of every image already give each anchor a positive)
@@ -219,12 +235,12 @@ class FitConfig:
 
     def validate(self) -> None:
         check_run_folder(self.out)
-        positive = ("batch_size", "lr", "eval_batch_size", "temperature", "margin")
-        for name in positive:
+        for name in ("batch_size", "lr", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}"
                 )
+        self._check_bounds(LOSS_FLAGS)
         if self.epochs < 0:
             raise ConfigError(f"--epochs must be >= 0, got {self.epochs}")
         if not 0 <= self.test_fraction < 1:
@@ -232,11 +248,7 @@ class FitConfig:
         self._check_held_out()
         if not 0 < self.crop_scale <= 1:
             raise ConfigError(f"--crop-scale must lie in (0, 1], got {self.crop_scale}")
-        for name in ("dim", "pool_groups", *POOL_HEAD_SIZES):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        self._check_pool_options()
+        self.check_model_options()
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {self.workers}")
         check_decode_cache(self.decode_cache, self.decode_cache_dir)
@@ -295,17 +307,27 @@ class FitConfig:
                     "--test-fraction above 0"
                 )
 
-    def _check_pool_options(self) -> None:
-        """Refuse a pooling option the chosen pooling does not take: it would do nothing."""
-        taken = set(POOL_OPTIONS.get(self.pool, {}).values())
+    def check_model_options(self) -> None:
+        """--dim and the pooling's options: within their bounds, and only options the
+        chosen pooling takes (another pooling's would do nothing)."""
+        if self.dim is not None and self.dim < 1:
+            raise ConfigError(f"--dim must be >= 1, got {self.dim}")
+        self._check_bounds(POOL_FLAGS)
         defaults = {f.name: f.default for f in fields(self)}
-        for name in sorted({n for opts in POOL_OPTIONS.values() for n in opts.values()} - taken):
-            if getattr(self, name) != defaults[name]:
-                users = sorted(pool for pool, opts in POOL_OPTIONS.items() if name in opts.values())
+        for name in sorted(POOL_FLAGS):
+            flag = POOL_FLAGS[name]
+            if self.pool not in flag.takers and getattr(self, name) != defaults[name]:
                 raise ConfigError(
-                    f"--{name.replace('_', '-')} is an option of --pool {' | '.join(users)}; "
-                    f"--pool {self.pool} does not take it"
+                    f"--{name.replace('_', '-')} is an option of --pool "
+                    f"{' | '.join(sorted(flag.takers))}; --pool {self.pool} does not take it"
                 )
+
+    def _check_bounds(self, flags: dict[str, FlagOption]) -> None:
+        """The values given for these pooling or loss options obey their declared bounds."""
+        for name, flag in flags.items():
+            broken = flag.violated(getattr(self, name))
+            if broken:
+                raise ConfigError(f"--{name.replace('_', '-')} {broken}")
 
     def save(self, path: Path) -> None:
         atomic_write_text(path, yaml.safe_dump(asdict(self), sort_keys=False))
@@ -319,10 +341,19 @@ def _field_type(tp: Any) -> tuple[type, bool]:
     return tp, False
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type = FitConfig) -> None:
-    """One `--flag` per dataclass field; defaults are left unset so the file can fill them."""
+def add_config_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type = FitConfig,
+    only: tuple[str, ...] | None = None,
+) -> None:
+    """One `--flag` per dataclass field; defaults are left unset so the file can fill them.
+
+    With `only`, the flags of those fields and no `--config` (export's model options).
+    """
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
+        if only is not None and f.name not in only:
+            continue
         base, _ = _field_type(hints[f.name])
         flags = (f"--{f.name.replace('_', '-')}", *f.metadata.get("flags", ()))
         default_text = "" if f.default in (MISSING, None, "") else f" (default: {f.default})"
@@ -337,7 +368,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type = FitConfig)
             )
         else:
             parser.add_argument(*flags, dest=f.name, type=base, default=None, help=help_text)
-    parser.add_argument("--config", type=Path, help="YAML or JSON file of the same options")
+    if only is None:
+        parser.add_argument("--config", type=Path, help="YAML or JSON file of the same options")
 
 
 def load_config_file(path: Path, cls: type | None = FitConfig) -> dict[str, Any]:
