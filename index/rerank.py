@@ -201,7 +201,8 @@ def dba_vectors(
     (`exact_neighbours`), so memory stays bounded; the result does not depend on it.
     """
     x = _matrix(vectors, "vectors")
-    ids, scores = exact_neighbours(x, x, n, exclude_self=True, chunk=chunk)
+    # more than N - 1 slots would all be empty: they add nothing, so none are made
+    ids, scores = exact_neighbours(x, x, _at_most(n, len(x)), exclude_self=True, chunk=chunk)
     return augment_database(x, ids, scores, alpha)
 
 
@@ -218,7 +219,9 @@ def aqe_vectors(
     the (N, d) gallery -> (Q, d) float32, L2-normalised. `exclude_self`: the queries are
     the gallery's rows (leave-one-out), and a query is not its own neighbour."""
     q, g = _matrix(queries, "queries"), _matrix(gallery, "gallery")
-    ids, scores = exact_neighbours(q, g, n, exclude_self=exclude_self, chunk=chunk)
+    ids, scores = exact_neighbours(
+        q, g, _at_most(n, len(g)), exclude_self=exclude_self, chunk=chunk
+    )
     return augment_database(q, ids, scores, alpha, pool=g)
 
 
@@ -371,6 +374,13 @@ def _matrix(x: np.ndarray, name: str) -> np.ndarray:
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (n, d); got shape {arr.shape}")
     return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _at_most(n: int, rows: int) -> int:
+    """n, checked, capped at the rows there are (at least 1)."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    return min(n, max(rows, 1))
 
 
 def _chunk_rows(floats_per_row: int, chunk: int | None, most: int = 1024) -> int:

@@ -65,6 +65,7 @@ def test_aqe_vectors_by_hand_and_the_edge_cases():
     ids, scores = exact_neighbours(Q, G[:2], 5)
     assert ids.tolist() == [[0, 1, -1, -1, -1]] and scores[0, 2:].tolist() == [0, 0, 0]
     assert aqe_vectors(Q, G[:2], 5, 1.0)[0] == pytest.approx(unit(2.0, 0.96))
+    assert aqe_vectors(Q, G[:2], 10**9, 1.0)[0] == pytest.approx(unit(2.0, 0.96))
     # a huge alpha keeps only the closest neighbour's direction (0.8^200 is tiny)
     assert aqe_vectors(Q, G, 2, 200.0)[0] == pytest.approx(unit(1.0, 0.0), abs=1e-6)
 
