@@ -1,6 +1,6 @@
 """Database-side augmentation (DBA): a second vector set, computed when segments merge.
 
-Radenović, Tolias and Chum (the GeM paper, section 5) replace every database vector
+Radenović, Tolias and Chum (the GeM paper, docs/papers.md) replace every database vector
 by the weighted mean of itself and its top-n neighbours in the database,
 
     x' = normalise(x + sum_{j=1..n} max(s_j, 0)^alpha * x_j),
