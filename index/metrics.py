@@ -142,7 +142,7 @@ def _as_labels(labels: object, n: int, name: str) -> list[Hashable]:
     return values
 
 
-def _check_ks(ks: object) -> list[int]:
+def check_ks(ks: object) -> list[int]:
     if isinstance(ks, numbers.Integral | str | bytes):
         raise ValueError(f"ks must be a sequence of positive ints, e.g. (1, 2, 4, 8); got {ks!r}")
     try:
@@ -158,7 +158,7 @@ def _check_ks(ks: object) -> list[int]:
     return out
 
 
-def _relevant_ranks(row: np.ndarray, rel: np.ndarray) -> np.ndarray:
+def relevant_ranks(row: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """Ranks (1-based, ascending) of the gallery items `rel` in the ranking of `row`.
 
     row: (N,) float32 scores; an excluded item (the query itself) holds -inf, so it
@@ -284,7 +284,7 @@ def query_metrics(
     chunk_size: int = 1024,
 ) -> QueryMetrics:
     """`retrieval_metrics` per query, before averaging: same arguments and errors."""
-    k_list = _check_ks(ks)
+    k_list = check_ks(ks)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
         raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
     if chunk_size < 1:
@@ -356,7 +356,7 @@ def query_metrics(
             n_rel = rel.shape[0]
             if n_rel == 0:
                 continue
-            ranks = _relevant_ranks(scores[r], rel)
+            ranks = relevant_ranks(scores[r], rel)
             hit_no = np.arange(1, n_rel + 1)
             precision_at_hits = hit_no / ranks
             counted[i] = True
@@ -452,7 +452,7 @@ def target_metrics(ranks: Sequence[int] | np.ndarray, ks: Sequence[int] = (1, 2,
     (mean of 1 / rank: AP with a single relevant item), ``median_rank`` and
     ``n_queries``. No queries: the metrics are NaN and ``n_queries`` is 0.
     """
-    k_list = _check_ks(ks)
+    k_list = check_ks(ks)
     r = np.asarray(ranks, dtype=np.int64).reshape(-1)
     if r.size and r.min() < 1:
         raise ValueError("ranks are 1-based; got a rank below 1")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .metrics import QueryMetrics, _check_ks, _relevant_ranks
+from .metrics import QueryMetrics, check_ks, relevant_ranks
 
 DEFAULT_AQE_NEIGHBOURS = 2
 DEFAULT_AQE_ALPHA = 3.0
@@ -326,7 +326,7 @@ def leave_one_out_metrics(
     q, g = _matrix(queries, "queries"), _matrix(gallery, "gallery")
     if q.shape != g.shape:
         raise ValueError(f"leave-one-out needs one query per gallery row; got {q.shape}, {g.shape}")
-    k_list = _check_ks(ks)
+    k_list = check_ks(ks)
     codes: dict[Hashable, int] = {}
     values = labels.tolist() if isinstance(labels, np.ndarray) else list(labels)
     if len(values) != len(g):
@@ -349,7 +349,7 @@ def leave_one_out_metrics(
             rel = rel[rel != i]
             if rel.size == 0:
                 continue
-            ranks = _relevant_ranks(block[r], rel)
+            ranks = relevant_ranks(block[r], rel)
             precision_at_hits = np.arange(1, rel.size + 1) / ranks
             in_top_r = int(np.searchsorted(ranks, rel.size, side="right"))
             counted[i] = True
