@@ -37,7 +37,8 @@ from index.atomic import atomic_path, atomic_write_text
 from index.datasets import Item, load_dataset
 from index.metrics import isotropy_score, retrieval_metrics
 
-from .config import ConfigError, FitConfig, load_config_file
+from .config import ConfigError, FitConfig
+from .run_folder import CONFIG_FILE, MODEL_FILE, read_config, show_metric
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -71,9 +72,6 @@ class Embedded:
 
 def resolve_model(spec: str, name: str | None = None) -> ModelRef:
     """A run folder, a .safetensors file in a run folder, or an .onnx file -> ModelRef."""
-    from .checkpoint import MODEL_FILE
-    from .trainer import CONFIG_FILE
-
     path = Path(spec)
     if path.is_dir():
         if not (path / CONFIG_FILE).is_file():
@@ -93,7 +91,7 @@ def resolve_model(spec: str, name: str | None = None) -> ModelRef:
         )
     if not weights.is_file():
         raise AnalysisError(f"no weights at {weights}")
-    config = FitConfig(**load_config_file(run / CONFIG_FILE))
+    config = read_config(run)
     return ModelRef(name or label, path, "run", config.resolved(), weights)
 
 
@@ -135,7 +133,8 @@ def embed(ref: ModelRef, args: argparse.Namespace) -> Embedded:
     from .checkpoint import load_model_weights
     from .data import build_transforms
     from .evaluate import embed_items
-    from .trainer import model_from_config, pick_device
+    from .run_folder import model_from_config
+    from .trainer import pick_device
 
     assert ref.config is not None and ref.weights is not None
     model = model_from_config(ref.config, load_pretrained=False)
@@ -340,8 +339,6 @@ def analyze(args: argparse.Namespace) -> dict:
 
 def run_analyze(args: argparse.Namespace) -> int:
     """CLI handler: prints one line per model and a summary line."""
-    from .trainer import show_metric
-
     report = analyze(args)
     for s in report["models"]:
         print(

@@ -1,18 +1,10 @@
-"""Run-folder checkpoints, in safetensors only (loading runs no code), written atomically.
+"""Weights, loss state and optimiser state as safetensors files (loading runs no code),
+written atomically; the loss scaler's state as JSON.
 
-    RUN/model.safetensors          the embedding model's weights after the last epoch
-    RUN/checkpoint/state.json      the commit: epoch, config and the names of
-    RUN/checkpoint/{model,loss,optimizer}-<epoch>.safetensors   what `--resume` needs
-
-Each epoch writes its files under new names, then `state.json` (atomically) names
-them, and only then are the previous epoch's files deleted: a crash at any moment
-leaves `state.json` pointing at one complete epoch. `RUN/model.safetensors` is a hard
-link to the checkpoint's model file, so the weights are written once per epoch.
-
-The optimiser state is flattened into tensors named `state.<param index>.<key>`; its
-param-group settings travel as JSON in the safetensors metadata. The random state
-needs no saving: every epoch reseeds from (seed, epoch), so a resumed run draws the
-same batches and augmentations as an uninterrupted one.
+Which files make a run folder's checkpoint, and in which order they commit, is
+training/run_folder.py's. The optimiser state is flattened into tensors named
+`state.<param index>.<key>`; its param-group settings travel as JSON in the
+safetensors metadata.
 """
 
 from __future__ import annotations
@@ -26,11 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from index.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
-
-MODEL_FILE = "model.safetensors"
-CHECKPOINT_DIR = "checkpoint"
-CHECKPOINT_PARTS = ("model", "loss", "optimizer")
+from index.atomic import atomic_write_bytes, fsync_dir
 
 
 class CheckpointError(ValueError):
@@ -113,26 +101,26 @@ def _unflatten_optimizer(
     return {"state": state, "param_groups": json.loads(metadata["param_groups"])}
 
 
-def save_checkpoint(
-    run: Path,
-    model: torch.nn.Module,
-    loss: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    state: dict,
-) -> None:
-    """Write this epoch's files, link the model weights, then commit with `state.json`."""
-    folder = run / CHECKPOINT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {part: f"{part}-{state['epoch']}.safetensors" for part in CHECKPOINT_PARTS}
-    save_tensors(folder / files["model"], model.state_dict())
-    save_tensors(folder / files["loss"], loss.state_dict())
-    opt_tensors, opt_meta = _flatten_optimizer(optimizer)
-    save_tensors(folder / files["optimizer"], opt_tensors, opt_meta)
-    _link_replace(folder / files["model"], run / MODEL_FILE)
-    atomic_write_text(folder / "state.json", json.dumps({**state, "files": files}))
-    for stale in folder.glob("*.safetensors"):
-        if stale.name not in files.values():
-            stale.unlink()
+def save_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
+    tensors, metadata = _flatten_optimizer(optimizer)
+    save_tensors(path, tensors, metadata)
+
+
+def load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        metadata = fh.metadata() or {}
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, metadata))
+
+
+def load_loss_state(loss: torch.nn.Module, path: Path) -> None:
+    """A checkpoint's `loss` part (the proxies, or a method's heads) into `loss`."""
+    try:
+        loss.load_state_dict(load_file(str(path)))
+    except Exception as exc:  # e.g. --resume with another dataset: other class count
+        raise CheckpointError(f"the checkpoint's loss state does not fit this run: {exc}") from None
 
 
 def scaler_state(scaler: torch.amp.GradScaler) -> dict[str, Any]:
@@ -148,7 +136,7 @@ def restore_scaler(scaler: torch.amp.GradScaler, state: dict | None) -> None:
         scaler.load_state_dict(saved)
 
 
-def _link_replace(source: Path, target: Path) -> None:
+def link_replace(source: Path, target: Path) -> None:
     """Make `target` a hard link to `source` (a copy where links are not supported),
     replacing it atomically."""
     tmp = target.with_name(f".{target.name}.link")
@@ -159,26 +147,3 @@ def _link_replace(source: Path, target: Path) -> None:
         shutil.copyfile(source, tmp)
     os.replace(tmp, target)
     fsync_dir(target.parent)
-
-
-def load_checkpoint(
-    run: Path, model: torch.nn.Module, loss: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> dict:
-    """Restore model, loss and optimiser from RUN/checkpoint; returns the saved state dict."""
-    folder = run / CHECKPOINT_DIR
-    if not (folder / "state.json").is_file():
-        raise CheckpointError(f"{run} has no checkpoint to resume from")
-    state = json.loads((folder / "state.json").read_text())
-    files = state["files"]
-    load_model_weights(model, folder / files["model"])
-    try:
-        loss.load_state_dict(load_file(str(folder / files["loss"])))
-    except Exception as exc:  # e.g. --resume with another dataset: other class count
-        raise CheckpointError(f"the checkpoint's loss state does not fit this run: {exc}") from None
-    from safetensors import safe_open
-
-    with safe_open(str(folder / files["optimizer"]), framework="pt") as fh:
-        metadata = fh.metadata() or {}
-        tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, metadata))
-    return state

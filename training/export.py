@@ -36,9 +36,10 @@ from index.atomic import atomic_write_text, fsync_dir
 from index.model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata
 from index.preprocess import Preprocessor
 
-from .checkpoint import MODEL_FILE, load_model_weights
-from .config import FitConfig, load_config_file
+from . import run_folder
+from .config import FitConfig
 from .model import EmbeddingModel, weights_fingerprint
+from .run_folder import CONFIG_FILE, model_from_config
 
 PARITY_TOLERANCE = 1e-4
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -75,15 +76,10 @@ class ExportReport:
 
 
 def load_run_model(run: Path) -> tuple[EmbeddingModel, FitConfig]:
-    """Rebuild the model of a run folder from its config and final weights."""
-    from .trainer import CONFIG_FILE, model_from_config
-
+    """Rebuild the model of a run folder from its config and final weights (in eval mode)."""
     if not (run / CONFIG_FILE).is_file():
         raise ExportError(f"{run} is not a run folder (no {CONFIG_FILE})")
-    cfg = FitConfig(**load_config_file(run / CONFIG_FILE))
-    model = model_from_config(cfg, load_pretrained=False)
-    load_model_weights(model, run / MODEL_FILE)
-    return model.eval(), cfg
+    return run_folder.load_run_model(run)
 
 
 def model_metadata(model: EmbeddingModel, cfg: FitConfig) -> ModelMetadata:
@@ -213,7 +209,7 @@ def init_only_model(cfg: FitConfig) -> tuple[EmbeddingModel, list[str]]:
     model's shapes are loaded too. Returns the model in eval mode and the names of the
     head tensors taken from the file.
     """
-    from .trainer import model_from_config, seed_everything
+    from .trainer import seed_everything
 
     seed_everything(cfg.seed)
     model = model_from_config(cfg, load_pretrained=True)

@@ -54,10 +54,7 @@ from index.metrics import isotropy_score, retrieval_metrics
 
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform, light_transform
-from .checkpoint import (
-    save_checkpoint,
-    save_tensors,
-)
+from .checkpoint import save_tensors
 from .config import FitConfig
 from .data import ImageDataset, build_transforms, epoch_loader
 from .evaluate import EVAL_KS, embed_items
@@ -66,23 +63,22 @@ from .losses import SupConLoss
 from .model import EmbeddingModel
 from .optim import lr_at, param_groups
 from .plots import plot_curves
-from .trainer import (
-    CONFIG_FILE,
-    METRICS_FILE,
+from .run_folder import (
+    CLASSIFIER_FILE,
+    CURVES_FILE,
+    INITIAL_FILE,
+    RESULTS_FILE,
     TrainingError,
-    append_line,
+    append_metrics,
     claim_run_folder,
-    describe_device,
     json_metric,
-    prepare_run,
-    seed_everything,
+    save_checkpoint,
+    save_config,
     show_metric,
     start_or_resume,
 )
+from .trainer import describe_device, prepare_run, seed_everything
 
-CLASSIFIER_FILE = "classifier.safetensors"
-INITIAL_FILE = "initial.safetensors"
-RESULTS_FILE = "results.json"
 PROBE_MOMENTUM = 0.9
 PROBE_WEIGHT_DECAY = 1e-4  # the paper's, for both stages; here for the probe's SGD
 FIRST_STAGE = {"lacvit": "contrastive", "ce": "finetune"}
@@ -336,10 +332,10 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     state, start_epoch, history = start_or_resume(
         run, model, head, optimizer, resume, keep, f"{stage} epoch"
     )
-    cfg.save(run / CONFIG_FILE)
+    save_config(run, cfg)
 
     def record(row: dict) -> None:
-        append_line(run / METRICS_FILE, row)
+        append_metrics(run, row)
         history.append(row)
 
     started = time.perf_counter()
@@ -417,7 +413,7 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
         with deferred():  # a signal waits until the checkpoint and its row are written
             save_checkpoint(run, model, head, optimizer, state)
             record(row)
-        plot_curves([r for r in history if r["stage"] == stage], run / "curves.png")
+        plot_curves([r for r in history if r["stage"] == stage], run / CURVES_FILE)
         top1 = f"top-1 {show_metric(row['top1'])}  " if "top1" in row else ""
         print(
             f"{stage} {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {top1}"

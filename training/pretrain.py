@@ -38,35 +38,32 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 from tqdm import tqdm
 
-from index.atomic import atomic_path, atomic_write_text
+from index.atomic import atomic_path
 from index.datasets import DatasetError, Item
 from index.sources import walk_images
 
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform
-from .checkpoint import (
-    save_checkpoint,
-)
 from .data import ImageDataset, drop_unreadable
 from .decode_cache import DecodeCache
 from .interrupt import deferred, loader_batches, stoppable
 from .losses import DenseContrastiveLoss, InfoNCELoss
 from .model import EmbeddingModel, build_model
 from .optim import lr_at, param_groups
-from .pretrain_config import PRETRAIN_FILE, PretrainConfig
-from .selfsup_heads import PretrainHeads
-from .trainer import (
-    CONFIG_FILE,
-    METRICS_FILE,
+from .pretrain_config import PretrainConfig
+from .run_folder import (
+    CURVES_FILE,
     TrainingError,
-    append_line,
+    append_metrics,
     claim_run_folder,
-    describe_device,
-    pick_device,
-    seed_everything,
+    save_checkpoint,
+    save_config,
     show_metric,
     start_or_resume,
+    write_skipped,
 )
+from .selfsup_heads import PretrainHeads
+from .trainer import describe_device, pick_device, seed_everything
 
 
 def view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Compose:
@@ -153,9 +150,7 @@ def readable_images(items: list[Item], run: Path, cache: DecodeCache | None = No
     items, skipped = drop_unreadable(items, "images", cache)
     if cache is not None and (cache.stats.decoded or cache.stats.reused):
         print(cache.summary())
-    if skipped:
-        atomic_write_text(run / "skipped.txt", "".join(f"{k}\t{why}\n" for k, why in skipped))
-        print(f"skipped {len(skipped)} unreadable images (listed in {run / 'skipped.txt'})")
+    write_skipped(run, skipped)
     if len(items) < 2:
         raise TrainingError("contrastive pretraining needs at least 2 readable images")
     return items
@@ -205,8 +200,7 @@ def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
     optimizer = _optimizer(encoder, heads, cfg)
 
     saved_state, start_epoch, history = start_or_resume(run, encoder, heads, optimizer, resume)
-    cfg.save(run / PRETRAIN_FILE)
-    cfg.embedding_config().save(run / CONFIG_FILE)
+    save_config(run, cfg)
 
     views = TwoViews(view_transform(encoder.data_config(), cfg.crop_scale, cfg.hflip))
     dataset = ImageDataset(items, {None: 0}, views)  # unlabelled: every label is None
@@ -292,9 +286,9 @@ def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
         }
         with deferred():  # a signal waits until the checkpoint and its row are written
             save_checkpoint(run, encoder, heads, optimizer, state)
-            append_line(run / METRICS_FILE, row)
+            append_metrics(run, row)
         history.append(row)
-        plot_losses(history, run / "curves.png")
+        plot_losses(history, run / CURVES_FILE)
         print(
             f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  "
             f"L_g {row['global_loss']:.4f}  L_d {show_metric(row['dense_loss'])}  "

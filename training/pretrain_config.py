@@ -25,8 +25,8 @@ from .config import (
     decode_cache_option,
     opt,
 )
+from .run_folder import PRETRAIN_FILE as PRETRAIN_FILE  # training/cli.py reads it from here
 
-PRETRAIN_FILE = "pretrain.yaml"
 PRETRAIN_METHODS = ("densecl++", "simclr", "densecl")
 DENSE_WEIGHT = {"densecl++": 0.9, "densecl": 0.3, "simclr": 0.0}
 """lambda per method: DenseCL++'s best (Fig. 3), DenseCL's best in the paper's sweep."""

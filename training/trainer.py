@@ -8,10 +8,7 @@ and a refreshed `curves.png`.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import random
 import time
 from collections.abc import Callable
@@ -22,35 +19,35 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from index.atomic import atomic_write_text
 from index.datasets import Split, load_dataset
 
 from .amp import MixedPrecision
-from .checkpoint import (
-    CHECKPOINT_DIR,
-    MODEL_FILE,
-    load_checkpoint,
-    load_init_weights,
-    save_checkpoint,
-)
-from .config import LOSS_OPTIONS, POOL_OPTIONS, ConfigError, FitConfig
+from .config import LOSS_OPTIONS, ConfigError, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
 from .decode_cache import DecodeCache
 from .evaluate import evaluate_retrieval
 from .interrupt import deferred, loader_batches, stoppable
 from .losses import create_loss
-from .model import EmbeddingModel, build_model
+from .model import EmbeddingModel
 from .optim import lr_at, param_groups
 from .plots import plot_curves
-
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
+from .run_folder import CONFIG_FILE as CONFIG_FILE  # training/cli.py reads it from here
+from .run_folder import (
+    CURVES_FILE,
+    TrainingError,
+    append_metrics,
+    claim_run_folder,
+    init_weights,
+    json_metric,
+    model_from_config,
+    save_checkpoint,
+    save_config,
+    show_metric,
+    start_or_resume,
+    write_skipped,
+)
 
 logger = logging.getLogger("vitrieval.train")
-
-
-class TrainingError(RuntimeError):
-    """A run that cannot proceed (no data, empty classes, a run folder in the way)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -90,30 +87,6 @@ def describe_device(device: torch.device, amp_dtype: torch.dtype | None = None) 
     return text
 
 
-def model_from_config(cfg: FitConfig, load_pretrained: bool = True) -> EmbeddingModel:
-    pool_options = {
-        option: getattr(cfg, field)
-        for option, field in POOL_OPTIONS.get(cfg.pool, {}).items()
-        if getattr(cfg, field) is not None
-    }
-    return build_model(
-        cfg.backbone,
-        cfg.pool,
-        dim=cfg.dim,
-        pretrained=cfg.pretrained if load_pretrained else None,
-        pool_options=pool_options,
-        drop_path_rate=cfg.drop_path,
-    )
-
-
-def init_weights(model: EmbeddingModel, run: str) -> None:
-    """`--init RUN`: the backbone and every head tensor that fits from RUN's model."""
-    fresh = load_init_weights(model, Path(run) / MODEL_FILE)
-    heads = sorted({name.split(".")[0] for name in fresh})
-    note = f"; {', '.join(heads)} newly initialised ({len(fresh)} tensors)" if fresh else ""
-    print(f"initialised from {run}{note}")
-
-
 def load_split(cfg: FitConfig, image_size: int) -> Split:
     split = load_dataset(
         cfg.dataset,
@@ -127,63 +100,6 @@ def load_split(cfg: FitConfig, image_size: int) -> Split:
     if len(split.train_classes()) < 2:
         raise TrainingError(f"{split.name}: the training split needs at least 2 classes")
     return split
-
-
-def start_or_resume(
-    run: Path,
-    model: torch.nn.Module,
-    head: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    resume: bool,
-    keep: Callable[[dict, int], bool] | None = None,
-    label: str = "epoch",
-) -> tuple[dict | None, int, list[dict]]:
-    """(checkpoint state or None, epochs done, metrics history) for a run about to train.
-
-    With `resume`, loads the checkpoint into model, head (loss or heads) and optimizer.
-    RUN/metrics.jsonl is then cut back to the rows `keep(row, epochs_done)` accepts
-    (default: epochs up to the checkpoint; rows of an epoch that died after logging are
-    dropped) and rewritten, so the run appends to a consistent history.
-    """
-    state, done = None, 0
-    if resume:
-        state = load_checkpoint(run, model, head, optimizer)
-        done = int(state["epoch"])
-        print(f"resuming {run} after {label} {done}")
-    path = run / METRICS_FILE
-    rows = (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if path.is_file()
-        else []
-    )
-    keep = keep or (lambda row, epoch: row["epoch"] <= epoch)
-    history = [row for row in rows if keep(row, done)]
-    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in history))
-    return state, done, history
-
-
-def append_line(path: Path, row: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def claim_run_folder(run: Path, resume: bool, stage: str | None = None, kind: str = "") -> None:
-    """Refuse a run folder that holds a run unless resuming it, and (with `stage`) a
-    checkpoint of another kind of run: its heads would not load, with a long message."""
-    state_file = run / CHECKPOINT_DIR / "state.json"
-    if not resume and state_file.exists():
-        raise TrainingError(
-            f"{run} already holds a run; pass --resume to continue it or choose another --out"
-        )
-    saved_stage = (
-        json.loads(state_file.read_text()).get("stage")
-        if resume and stage and state_file.is_file()
-        else stage
-    )
-    if saved_stage != stage:
-        raise TrainingError(f"{run}'s checkpoint is not a {kind} run; cannot resume it")
 
 
 def prepare_run(
@@ -215,12 +131,7 @@ def prepare_run(
     test_items, bad_test = drop_unreadable(split.test, "held-out images", cache)
     if cache is not None and (cache.stats.decoded or cache.stats.reused):
         print(cache.summary())
-    skipped = bad_train + bad_test
-    if skipped:
-        atomic_write_text(
-            run / "skipped.txt", "".join(f"{key}\t{reason}\n" for key, reason in skipped)
-        )
-        print(f"skipped {len(skipped)} unreadable images (listed in {run / 'skipped.txt'})")
+    write_skipped(run, bad_train + bad_test)
     if not train_items:
         raise TrainingError(f"{split.name}: no readable training images")
     if split.test and not test_items:
@@ -262,7 +173,7 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
 
     state, start_epoch, history = start_or_resume(run, model, loss_fn, optimizer, resume)
-    cfg.save(run / CONFIG_FILE)
+    save_config(run, cfg)
 
     train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, cfg.auto_augment)
     dataset = ImageDataset(train_items, class_to_index, train_tf)
@@ -287,9 +198,9 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
         state = {"epoch": 0, "config": asdict(cfg), "grad_scaler": amp.state()}
         with deferred():
             save_checkpoint(run, model, loss_fn, optimizer, state)
-            append_line(run / METRICS_FILE, row)
+            append_metrics(run, row)
         history.append(row)
-        plot_curves(history, run / "curves.png")
+        plot_curves(history, run / CURVES_FILE)
         print(f"epoch 0 (the initial model): {scores_text(row) or 'no evaluation'}".rstrip())
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         # Reseeding per epoch makes a resumed run draw the same batches as an unbroken one.
@@ -335,9 +246,9 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
         state = {"epoch": epoch, "config": asdict(cfg), "grad_scaler": amp.state()}
         with deferred():  # a signal waits until the checkpoint and its row are written
             save_checkpoint(run, model, loss_fn, optimizer, state)
-            append_line(run / METRICS_FILE, row)
+            append_metrics(run, row)
         history.append(row)
-        plot_curves(history, run / "curves.png")
+        plot_curves(history, run / CURVES_FILE)
         print(
             f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {scores_text(row)}"
             f"lr {lr:.2e}  {train_seconds:.1f}s "
@@ -371,15 +282,3 @@ def scores_text(row: dict) -> str:
     if "recall@1" not in row:
         return ""
     return f"R@1 {show_metric(row['recall@1'])}  mAP {show_metric(row['map'])}  "
-
-
-def show_metric(value: float | None) -> str:
-    """A metric for the console; None when no held-out query had a same-class neighbour."""
-    return "n/a" if value is None else f"{value:.4f}"
-
-
-def json_metric(value: float | int) -> float | int | None:
-    """JSON has no NaN: metrics undefined on a split (no valid query) become null."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
