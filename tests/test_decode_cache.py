@@ -25,7 +25,7 @@ from training.decode_cache import (
     reduce_to_side,
     working_side,
 )
-from training.trainer import seed_everything
+from training.epochs import seed_everything
 
 # the tiny preset's data config (32 px, crop_pct 1) and fit's default crop scale
 DATA_CONFIG = {

@@ -21,7 +21,7 @@ from training.cli import build_parser, main
 from training.config import FitConfig, config_from_args
 from training.export import load_run_model
 from training.losses import DenseContrastiveLoss, InfoNCELoss, SupConLoss
-from training.trainer import init_weights, model_from_config
+from training.run_folder import init_weights, model_from_config
 
 B, T, C_PROJ, C_FEAT = 3, 4, 5, 6
 

@@ -20,9 +20,10 @@ from index.model_metadata import read_model_metadata
 from index.quantize import quantize_model
 from training.cli import main
 from training.config import FitConfig
+from training.epochs import seed_everything
 from training.export import export_model, model_metadata
 from training.model import build_model, weights_fingerprint
-from training.trainer import model_from_config, seed_everything
+from training.run_folder import model_from_config
 
 VIT = "vit_tiny_patch16_224"  # the smallest timm ViT at its own 224 px input
 

@@ -25,9 +25,9 @@ import index.embedder as embedder_module
 from index.embedder import CPU, CUDA, TENSORRT, Embedder
 from index.store import IndexStore, StoreError
 from training.config import ConfigError, FitConfig
+from training.device import describe_device, pick_device
 from training.losses import create_loss
 from training.model import build_model
-from training.trainer import describe_device, pick_device
 
 
 def photos() -> list[Image.Image]:
@@ -147,7 +147,9 @@ def test_fit_on_cuda_with_amp(tmp_path: Path, capsys):
     weights different from the initialisation, the device line printed."""
     from safetensors.torch import load_file
 
-    from training.trainer import fit, model_from_config, seed_everything
+    from training.epochs import seed_everything
+    from training.run_folder import model_from_config
+    from training.trainer import fit
 
     cfg = FitConfig(out=str(tmp_path / "run"), dataset="digits", epochs=1, device="cuda")
     row = fit(cfg)

@@ -19,7 +19,7 @@ from training.export import export_model, model_metadata
 from training.flops import counted_flops, model_flops, pooling_flops
 from training.model import build_model
 from training.pooling import CCBP, JCF, create_pooling, pooling_names
-from training.trainer import model_from_config
+from training.run_folder import model_from_config
 
 SMALL = {"in_dim": 12, "d": 8, "out_dim": 6, "codebook": 5}
 

@@ -302,7 +302,7 @@ def test_recipe_runs_stages_in_order(tmp_path, capsys):
     assert head["freeze_backbone"] is True and head["init"] is None
     assert full["init"] == str(run / "head") and full["lr"] == 1e-4
     # the frozen stage changed the head only: backbone weights equal a fresh seed-0 model
-    from training.trainer import model_from_config
+    from training.run_folder import model_from_config
 
     torch.manual_seed(0)
     fresh = model_from_config(FitConfig(out="x", pool="avg"))
@@ -341,7 +341,7 @@ def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
 
 def test_claim_run_folder(tmp_path):
     """A run folder holding a run needs --resume; a resumed checkpoint must be its kind."""
-    from training.trainer import TrainingError, claim_run_folder
+    from training.run_folder import TrainingError, claim_run_folder
 
     claim_run_folder(tmp_path / "new", resume=False)  # nothing there: fine
     (tmp_path / "checkpoint").mkdir()

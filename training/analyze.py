@@ -132,9 +132,9 @@ def embed(ref: ModelRef, args: argparse.Namespace) -> Embedded:
 
     from .checkpoint import load_model_weights
     from .data import build_transforms
+    from .device import pick_device
     from .evaluate import embed_items
     from .run_folder import model_from_config
-    from .trainer import pick_device
 
     assert ref.config is not None and ref.weights is not None
     model = model_from_config(ref.config, load_pretrained=False)

@@ -38,6 +38,7 @@ from index.preprocess import Preprocessor
 
 from . import run_folder
 from .config import FitConfig
+from .epochs import seed_everything
 from .model import EmbeddingModel, weights_fingerprint
 from .run_folder import CONFIG_FILE, model_from_config
 
@@ -209,8 +210,6 @@ def init_only_model(cfg: FitConfig) -> tuple[EmbeddingModel, list[str]]:
     model's shapes are loaded too. Returns the model in eval mode and the names of the
     head tensors taken from the file.
     """
-    from .trainer import seed_everything
-
     seed_everything(cfg.seed)
     model = model_from_config(cfg, load_pretrained=True)
     taken: list[str] = []

@@ -38,15 +38,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from index.atomic import atomic_write_text
 from index.datasets import Item
@@ -57,27 +55,25 @@ from .augment import TwoViews, contrastive_view_transform, light_transform
 from .checkpoint import save_tensors
 from .config import FitConfig
 from .data import ImageDataset, build_transforms, epoch_loader
+from .device import describe_device
+from .epochs import Stage, seed_everything, shuffled_batches, steps_per_epoch
 from .evaluate import EVAL_KS, embed_items
-from .interrupt import deferred, loader_batches
 from .losses import SupConLoss
 from .model import EmbeddingModel
-from .optim import lr_at, param_groups
+from .optim import param_groups
 from .plots import plot_curves
 from .run_folder import (
     CLASSIFIER_FILE,
     CURVES_FILE,
     INITIAL_FILE,
     RESULTS_FILE,
-    TrainingError,
     append_metrics,
     claim_run_folder,
     json_metric,
-    save_checkpoint,
     save_config,
     show_metric,
     start_or_resume,
 )
-from .trainer import describe_device, prepare_run, seed_everything
 
 PROBE_MOMENTUM = 0.9
 PROBE_WEIGHT_DECAY = 1e-4  # the paper's, for both stages; here for the probe's SGD
@@ -210,61 +206,55 @@ def train_probe(
     )
     transform = light_transform(data.data_config, cfg.crop_scale, cfg.hflip)
     dataset = ImageDataset(data.train, class_to_index, transform)
-    drop_last = len(dataset) > cfg.batch_size
-    steps_per_epoch = max(1, len(dataset) // cfg.batch_size if drop_last else 1)
-    total_steps = cfg.probe_epochs * steps_per_epoch
-    amp = MixedPrecision(cfg.amp, device)
+    amp = MixedPrecision(cfg.amp, device)  # the encoder's forward pass
+    stage = Stage(
+        name="probe",
+        epochs=cfg.probe_epochs,
+        steps_per_epoch=steps_per_epoch(len(dataset), cfg.batch_size),
+        peak_lr=cfg.probe_lr,
+        warmup_epochs=0.0,  # cosine from the first step down to 0
+        min_lr_ratio=0.0,
+        optimizer=optimizer,
+        modules=[probe],
+        amp=MixedPrecision(False, device),  # the probe's own step: float32, unclipped
+        seed=cfg.seed,
+        seed_offset=50_000,
+        lr_flag="--probe-lr",
+        progress=False,
+    )
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, int, dict]:
+        images, labels = batch
+        labels = labels.to(device)
+        with torch.no_grad(), amp.autocast():
+            h = model(images.to(device))
+        logits = probe(h)
+        loss = F.cross_entropy(logits, labels)
+        return loss, len(labels), {"correct": int((logits.argmax(dim=1) == labels).sum())}
+
     row: dict = {}
-    for epoch in range(1, cfg.probe_epochs + 1):
-        seed_everything(cfg.seed * 100_003 + 50_000 + epoch)
-        loader = DataLoader(
-            dataset,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            drop_last=drop_last,
-            num_workers=cfg.workers or 0,
-            generator=torch.Generator().manual_seed(cfg.seed * 100_003 + 50_000 + epoch),
-        )
-        started = time.perf_counter()
-        loss_sum, correct, seen = 0.0, 0, 0
-        with loader_batches(loader) as batches:
-            for step_in_epoch, (images, labels) in enumerate(batches):
-                lr = lr_at(
-                    (epoch - 1) * steps_per_epoch + step_in_epoch, total_steps, 0, cfg.probe_lr, 0.0
-                )
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                labels = labels.to(device)
-                with torch.no_grad(), amp.autocast():
-                    h = model(images.to(device))
-                logits = probe(h)
-                loss = F.cross_entropy(logits, labels)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += loss.item() * len(labels)
-                correct += int((logits.argmax(dim=1) == labels).sum())
-                seen += len(labels)
-        seconds = time.perf_counter() - started
+    for epoch, seed in stage.epochs_after(0):
+        loader = shuffled_batches(dataset, cfg.batch_size, seed, cfg.workers or 0)
+        done = stage.train_epoch(epoch, loader, step)
         row = {
             "stage": "probe",
             "epoch": epoch,
-            "loss": loss_sum / max(seen, 1),
-            "lr": lr,
-            "train_top1": correct / max(seen, 1),
+            "loss": done.mean("loss"),
+            "lr": done.lr,
+            "train_top1": done.mean("correct"),
             "top1": top1_accuracy(probe, test_emb, test_labels, class_to_index),
             **encoder,
-            "train_seconds": round(seconds, 3),
-            "train_images_per_s": round(seen / seconds, 1),
+            **done.timings(),
         }
         if on_epoch:
             on_epoch(row)
     return probe.eval(), row
 
 
-def _prepare(cfg: FitConfig, resume: bool) -> tuple[Path, torch.device, EmbeddingModel, Data]:
-    """Run folder, device, seeded model (with --init weights), and the readable split."""
-    run, device, model, split, train, test = prepare_run(cfg, resume)
+def _prepare(cfg: FitConfig, prepared: tuple) -> tuple[Path, torch.device, EmbeddingModel, Data]:
+    """Run folder, device, seeded model (with --init weights), and the readable split,
+    from what training/trainer.py's `prepare_run` prepared."""
+    run, device, model, split, train, test = prepared
     data_config = model.data_config()
     _, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, None)
     classes = sorted({item.label for item in train})
@@ -293,15 +283,16 @@ def _optimizer(model: EmbeddingModel, head: nn.Module, cfg: FitConfig) -> torch.
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
 
 
-def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
-    """`fit --method lacvit | ce` into `cfg.out` (a resolved, validated config).
+def fit_method(cfg: FitConfig, prepared: tuple, resume: bool = False) -> dict:
+    """`fit --method lacvit | ce` into `cfg.out` (a resolved, validated config), from
+    what training/trainer.py's `prepare_run` prepared.
 
     Returns the run's results (also written to RUN/results.json): held-out `top1` of
     the classifier, the encoder's retrieval metrics and isotropy after training, and
     `initial_*` scores of the encoder before it.
     """
-    stage = FIRST_STAGE[cfg.method]
-    run, device, model, data = _prepare(cfg, resume)
+    stage_name = FIRST_STAGE[cfg.method]
+    run, device, model, data = _prepare(cfg, prepared)
     class_to_index = data.class_to_index
     test_labels = [item.label for item in data.test]
     if cfg.method == "lacvit":
@@ -321,16 +312,16 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
     optimizer = _optimizer(model, head, cfg)
 
     if resume:
-        claim_run_folder(run, resume, stage, cfg.method)
+        claim_run_folder(run, resume, stage_name, cfg.method)
 
     def keep(row: dict, epoch: int) -> bool:
         # the encoder's initial scores, and stage 1 up to the checkpoint (never the probe)
         return row.get("stage") == "initial" or (
-            row.get("stage") == stage and row["epoch"] <= epoch
+            row.get("stage") == stage_name and row["epoch"] <= epoch
         )
 
     state, start_epoch, history = start_or_resume(
-        run, model, head, optimizer, resume, keep, f"{stage} epoch"
+        run, model, head, optimizer, resume, keep, f"{stage_name} epoch"
     )
     save_config(run, cfg)
 
@@ -350,79 +341,41 @@ def fit_method(cfg: FitConfig, resume: bool = False) -> dict:
 
     views = TwoViews(contrastive_view_transform(data.data_config, cfg.crop_scale, cfg.hflip))
     dataset = ImageDataset(data.train, class_to_index, views)
-    steps_per_epoch = len(epoch_loader(dataset, cfg, 1))
-    total_steps = cfg.epochs * steps_per_epoch
-    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
     amp = MixedPrecision(cfg.amp, device)
     amp.restore(state)
-    for epoch in range(start_epoch + 1, cfg.epochs + 1):
-        seed_everything(cfg.seed * 100_003 + epoch)  # a resumed run draws the same views
+    steps = len(epoch_loader(dataset, cfg, 1))
+    stage = Stage.of(cfg, stage_name, steps, optimizer, [model, head], amp)
+
+    def step(batch: tuple) -> tuple[torch.Tensor, int, dict]:
+        (first, second), labels = batch
+        # the 2B views flattened into one batch: rows i and B + i are one image
+        images = torch.cat([first, second]).to(device, non_blocking=True)
+        labels = labels.to(device).repeat(2)
+        with amp.autocast():
+            loss, n_correct = objective(model(images), labels)
+        return loss, len(labels), {"correct": n_correct}
+
+    for epoch, _ in stage.epochs_after(start_epoch):  # a resumed run draws the same views
         loader = epoch_loader(dataset, cfg, epoch, pin_memory=device.type == "cuda")
-        model.train()
-        head.train()
-        epoch_start = time.perf_counter()
-        loss_sum, correct, seen = 0.0, 0, 0
-        bar = tqdm(
-            total=steps_per_epoch,
-            unit="step",
-            desc=f"{stage} {epoch}/{cfg.epochs}",
-            leave=False,
-            disable=None,
-        )
-        with loader_batches(loader) as batches:
-            for step_in_epoch, ((first, second), labels) in enumerate(batches):
-                lr = lr_at(
-                    (epoch - 1) * steps_per_epoch + step_in_epoch,
-                    total_steps,
-                    warmup_steps,
-                    cfg.lr,
-                    cfg.min_lr_ratio,
-                )
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * group["lr_scale"]
-                # the 2B views flattened into one batch: rows i and B + i are one image
-                images = torch.cat([first, second]).to(device, non_blocking=True)
-                labels = labels.to(device).repeat(2)
-                with amp.autocast():
-                    loss, n_correct = objective(model(images), labels)
-                if not torch.isfinite(loss):
-                    raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-                amp.optimizer_step(
-                    loss, optimizer, [*model.parameters(), *head.parameters()], cfg.clip_grad
-                )
-                loss_sum += loss.item() * len(labels)
-                correct += n_correct or 0
-                seen += len(labels)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-        bar.close()
-        seconds = time.perf_counter() - epoch_start
+        done = stage.train_epoch(epoch, loader, step)
         emb = embed_items(model, data.test, data.eval_transform, cfg.eval_batch_size, device)
-        row = {"stage": stage, "epoch": epoch, "loss": loss_sum / max(seen, 1), "lr": lr}
+        row = {"stage": stage_name, "epoch": epoch, "loss": done.mean("loss"), "lr": done.lr}
         if cfg.method == "ce":
-            row["train_top1"] = correct / max(seen, 1)
+            row["train_top1"] = done.mean("correct")
             row["top1"] = top1_accuracy(head, emb, test_labels, class_to_index)
         row.update(encoder_scores(emb, test_labels))
-        row.update(train_seconds=round(seconds, 3), train_images_per_s=round(seen / seconds, 1))
-        state = {
-            "epoch": epoch,
-            "stage": stage,
-            "config": asdict(cfg),
-            "grad_scaler": amp.state(),
-        }
-        with deferred():  # a signal waits until the checkpoint and its row are written
-            save_checkpoint(run, model, head, optimizer, state)
-            record(row)
-        plot_curves([r for r in history if r["stage"] == stage], run / CURVES_FILE)
+        row.update(done.timings())
+        stage.commit(run, model, head, cfg, row, history, stage=stage_name)
+        plot_curves([r for r in history if r["stage"] == stage_name], run / CURVES_FILE)
         top1 = f"top-1 {show_metric(row['top1'])}  " if "top1" in row else ""
         print(
-            f"{stage} {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {top1}"
+            f"{stage_name} {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {top1}"
             f"R@1 {show_metric(row['recall@1'])}  mAP {show_metric(row['map'])}  "
-            f"isotropy {row['isotropy']:.4f}  {seconds:.1f}s "
+            f"isotropy {row['isotropy']:.4f}  {done.seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} views/s)"
         )
 
-    classifier_stage = stage
+    classifier_stage = stage_name
     if cfg.method == "lacvit":
         classifier_stage = "probe"
 

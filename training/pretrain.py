@@ -27,16 +27,14 @@ the embedding model only; the heads live in the checkpoint's `loss` part.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 from torchvision.transforms import v2
-from tqdm import tqdm
 
 from index.atomic import atomic_path
 from index.datasets import DatasetError, Item
@@ -46,24 +44,22 @@ from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform
 from .data import ImageDataset, drop_unreadable
 from .decode_cache import DecodeCache
-from .interrupt import deferred, loader_batches, stoppable
+from .device import describe_device, pick_device
+from .epochs import Stage, seed_everything, shuffled_batches, steps_per_epoch, train_run
 from .losses import DenseContrastiveLoss, InfoNCELoss
 from .model import EmbeddingModel, build_model
-from .optim import lr_at, param_groups
+from .optim import param_groups
 from .pretrain_config import PretrainConfig
 from .run_folder import (
     CURVES_FILE,
     TrainingError,
-    append_metrics,
     claim_run_folder,
-    save_checkpoint,
     save_config,
     show_metric,
     start_or_resume,
     write_skipped,
 )
 from .selfsup_heads import PretrainHeads
-from .trainer import describe_device, pick_device, seed_everything
 
 
 def view_transform(data_config: dict, crop_scale: float, hflip: float) -> v2.Compose:
@@ -167,20 +163,10 @@ def _optimizer(encoder: EmbeddingModel, heads: nn.Module, cfg: PretrainConfig):
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
 
 
-def _epoch_seed(cfg: PretrainConfig, epoch: int) -> int:
-    return cfg.seed * 100_003 + epoch
-
-
 def pretrain(cfg: PretrainConfig, resume: bool = False) -> dict:
     """Pretrain per `cfg` into the run folder `cfg.out`; returns the last epoch's row.
-
-    Ctrl-C or SIGTERM stops it with the data-loader workers shut down and one line
-    naming the checkpoint that `--resume` continues from (training/interrupt.py).
-    """
-    cfg = cfg.resolved()
-    cfg.validate()
-    with stoppable(Path(cfg.out), "pretrain"):
-        return _pretrain(cfg, resume)
+    Ctrl-C or SIGTERM stops it cleanly (training/epochs.py's `train_run`)."""
+    return train_run(cfg, "pretrain", lambda cfg: _pretrain(cfg, resume))
 
 
 def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
@@ -204,12 +190,10 @@ def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
 
     views = TwoViews(view_transform(encoder.data_config(), cfg.crop_scale, cfg.hflip))
     dataset = ImageDataset(items, {None: 0}, views)  # unlabelled: every label is None
-    drop_last = len(dataset) > cfg.batch_size
-    steps_per_epoch = len(dataset) // cfg.batch_size if drop_last else 1
-    total_steps = cfg.epochs * steps_per_epoch
-    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
     amp = MixedPrecision(cfg.amp, device)
     amp.restore(saved_state)
+    steps = steps_per_epoch(len(dataset), cfg.batch_size)
+    stage = Stage.of(cfg, "epoch", steps, optimizer, [encoder, heads], amp)
     negatives = f", negatives {cfg.negatives}" if cfg.negatives else ""
     print(
         f"pretraining {cfg.backbone}+{cfg.global_pool} with {cfg.method} (lambda "
@@ -217,82 +201,35 @@ def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
         f"on {describe_device(device, amp.active_dtype)}"
     )
 
+    def step(batch: tuple, generator: torch.Generator) -> tuple[torch.Tensor, int, dict]:
+        (first, second), _ = batch
+        # rows i and B + i are the two views of image i
+        images = torch.cat([first, second]).to(device, non_blocking=True)
+        with amp.autocast():
+            out = heads(encoder, images)
+        loss, parts = objective(out, images, generator)
+        size = len(first)
+        return loss, size, {k: None if v is None else v * size for k, v in parts.items()}
+
     started = time.perf_counter()
     row: dict = history[-1] if history else {}
-    params = [*encoder.parameters(), *heads.parameters()]
-    for epoch in range(start_epoch + 1, cfg.epochs + 1):
-        # Reseeding per epoch: a resumed run draws the same batches, views and negatives.
-        seed = _epoch_seed(cfg, epoch)
-        seed_everything(seed)
+    for epoch, seed in stage.epochs_after(start_epoch):
+        # the epoch's seed also draws the dense negatives: a resumed run draws the same
         generator = torch.Generator(device=device).manual_seed(seed)
-        loader = DataLoader(
-            dataset,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            drop_last=drop_last,
-            num_workers=cfg.workers,
-            generator=torch.Generator().manual_seed(seed),
-            pin_memory=device.type == "cuda",
+        loader = shuffled_batches(
+            dataset, cfg.batch_size, seed, cfg.workers, pin_memory=device.type == "cuda"
         )
-        encoder.train()
-        heads.train()
-        epoch_start = time.perf_counter()
-        sums: dict[str, float] = {}
-        seen = 0
-        bar = tqdm(
-            total=steps_per_epoch,
-            unit="step",
-            desc=f"epoch {epoch}/{cfg.epochs}",
-            leave=False,
-            disable=None,
-        )
-        with loader_batches(loader) as batches:
-            for step_in_epoch, ((first, second), _) in enumerate(batches):
-                step = (epoch - 1) * steps_per_epoch + step_in_epoch
-                lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * group["lr_scale"]
-                # rows i and B + i are the two views of image i
-                images = torch.cat([first, second]).to(device, non_blocking=True)
-                with amp.autocast():
-                    out = heads(encoder, images)
-                loss, parts = objective(out, images, generator)
-                if not torch.isfinite(loss):
-                    raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-                amp.optimizer_step(loss, optimizer, params, cfg.clip_grad)
-                batch = len(first)
-                for key, value in {"loss": loss.item(), **parts}.items():
-                    if value is not None:
-                        sums[key] = sums.get(key, 0.0) + value * batch
-                seen += batch
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-        bar.close()
-        seconds = time.perf_counter() - epoch_start
+        done = stage.train_epoch(epoch, loader, partial(step, generator=generator))
         row = {"epoch": epoch}
         for key in ("loss", "global_loss", "dense_loss", "recon_loss"):
-            row[key] = sums[key] / seen if key in sums else None
-        row.update(
-            lr=lr,
-            train_seconds=round(seconds, 3),
-            train_images_per_s=round(seen / seconds, 1),
-        )
-        state = {
-            "epoch": epoch,
-            "stage": "pretrain",
-            "method": cfg.method,
-            "config": asdict(cfg),
-            "grad_scaler": amp.state(),
-        }
-        with deferred():  # a signal waits until the checkpoint and its row are written
-            save_checkpoint(run, encoder, heads, optimizer, state)
-            append_metrics(run, row)
-        history.append(row)
+            row[key] = done.mean(key)
+        row.update(lr=done.lr, **done.timings())
+        stage.commit(run, encoder, heads, cfg, row, history, stage="pretrain", method=cfg.method)
         plot_losses(history, run / CURVES_FILE)
         print(
             f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  "
             f"L_g {row['global_loss']:.4f}  L_d {show_metric(row['dense_loss'])}  "
-            f"L_r {show_metric(row['recon_loss'])}  lr {lr:.2e}  {seconds:.1f}s "
+            f"L_r {show_metric(row['recon_loss'])}  lr {done.lr:.2e}  {done.seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} img/s)"
         )
     elapsed = time.perf_counter() - started

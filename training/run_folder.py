@@ -19,8 +19,8 @@ A checkpoint writes its epoch's files under new names, then `state.json` (atomic
 names them, and only then are the previous epoch's files deleted: a crash at any moment
 leaves `state.json` pointing at one complete epoch. `RUN/model.safetensors` is a hard
 link to the checkpoint's model file, so the weights are written once per epoch. The
-random state needs no saving: every epoch reseeds from (seed, epoch), so a resumed
-run draws the batches an unbroken one would.
+random state needs no saving: every epoch reseeds from (seed, epoch)
+(training/epochs.py), so a resumed run draws the batches an unbroken one would.
 
 Importing this module imports neither torch nor timm (the command line reads the names
 before any training starts): the helpers that need them import them when called.

@@ -1,90 +1,50 @@
-"""The `fit` loop: metric-learning training of an EmbeddingModel with held-out evaluation.
+"""`fit`: metric-learning training of an EmbeddingModel with held-out evaluation, and
+what every `fit --method` starts with.
 
 One epoch = a pass over the training split in shuffled batches (AdamW, warm-up +
-cosine schedule per step, gradient clipping, AMP on CUDA), then leave-one-out
-retrieval metrics on the held-out split, a checkpoint, one line of `metrics.jsonl`
-and a refreshed `curves.png`.
+cosine schedule per step, gradient clipping, AMP on CUDA: training/epochs.py), then
+leave-one-out retrieval metrics on the held-out split, a checkpoint, one line of
+`metrics.jsonl` and a refreshed `curves.png` (training/run_folder.py).
 """
 
 from __future__ import annotations
 
-import logging
-import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
 from index.datasets import Split, load_dataset
 
 from .amp import MixedPrecision
-from .config import LOSS_OPTIONS, ConfigError, FitConfig
+from .config import LOSS_OPTIONS, FitConfig
 from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
 from .decode_cache import DecodeCache
+from .device import describe_device, pick_device
+from .epochs import Stage, seed_everything, train_run
 from .evaluate import evaluate_retrieval
-from .interrupt import deferred, loader_batches, stoppable
 from .losses import create_loss
 from .model import EmbeddingModel
-from .optim import lr_at, param_groups
+from .optim import param_groups
 from .plots import plot_curves
 from .run_folder import CONFIG_FILE as CONFIG_FILE  # training/cli.py reads it from here
 from .run_folder import (
     CURVES_FILE,
     TrainingError,
-    append_metrics,
     claim_run_folder,
     init_weights,
     json_metric,
     model_from_config,
-    save_checkpoint,
     save_config,
     show_metric,
     start_or_resume,
     write_skipped,
 )
 
-logger = logging.getLogger("vitrieval.train")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def pick_device(name: str) -> torch.device:
-    """The torch device for `name`: with "auto", CUDA when torch sees a device, else the
-    CPU (logged with the reason); "cuda" without a device is a ConfigError, not a CPU run."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            f"--device cuda asked for, but no CUDA device is available ({_no_cuda_reason()})"
-        )
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-        if name == "cpu":
-            logger.info("device auto: %s; training on the CPU", _no_cuda_reason())
-    return torch.device(name)
-
-
-def _no_cuda_reason() -> str:
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} is a CPU-only build"
-    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
-
-
-def describe_device(device: torch.device, amp_dtype: torch.dtype | None = None) -> str:
-    """One line for the log: "cuda:0 (NVIDIA H100 80GB HBM3) with AMP bfloat16", "cpu"."""
-    text = str(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        text = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-    if amp_dtype is not None:
-        text += f" with AMP {str(amp_dtype).removeprefix('torch.')}"
-    return text
+Prepared = tuple[Path, torch.device, EmbeddingModel, Split, list, list]
+"""What `prepare_run` returns: run folder, device, model, split, readable training and
+held-out items."""
 
 
 def load_split(cfg: FitConfig, image_size: int) -> Split:
@@ -102,9 +62,7 @@ def load_split(cfg: FitConfig, image_size: int) -> Split:
     return split
 
 
-def prepare_run(
-    cfg: FitConfig, resume: bool
-) -> tuple[Path, torch.device, EmbeddingModel, Split, list, list]:
+def prepare_run(cfg: FitConfig, resume: bool) -> Prepared:
     """What every `fit` method starts with: the run folder (refused if it holds a run
     and `resume` is off), the device, the seeded model on it (with `--init` weights and
     `--freeze-backbone`), the split, and its readable training and held-out items
@@ -145,24 +103,24 @@ def prepare_run(
 
 
 def fit(cfg: FitConfig, resume: bool = False) -> dict:
-    """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics.
-
-    Ctrl-C or SIGTERM stops it with the data-loader workers shut down and one line
-    naming the checkpoint that `--resume` continues from (training/interrupt.py).
-    """
-    cfg = cfg.resolved()
-    cfg.validate()
-    with stoppable(Path(cfg.out), "fit"):
-        if cfg.method != "metric":  # LaCViT and its cross-entropy baseline: training/lacvit.py
-            from .lacvit import fit_method
-
-            return fit_method(cfg, resume=resume)
-        return _fit_metric(cfg, resume)
+    """Train per `cfg` into the run folder `cfg.out`; returns the last epoch's metrics
+    (with `--method lacvit | ce`, the run's results). Ctrl-C or SIGTERM stops it cleanly
+    (training/epochs.py's `train_run`)."""
+    return train_run(cfg, "fit", lambda cfg: _fit(cfg, resume))
 
 
-def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
+def _fit(cfg: FitConfig, resume: bool) -> dict:
+    prepared = prepare_run(cfg, resume)
+    if cfg.method != "metric":  # LaCViT and its cross-entropy baseline: training/lacvit.py
+        from .lacvit import fit_method
+
+        return fit_method(cfg, prepared, resume)
+    return _fit_metric(cfg, prepared, resume)
+
+
+def _fit_metric(cfg: FitConfig, prepared: Prepared, resume: bool) -> dict:
     """`fit --method metric` (a resolved, validated config)."""
-    run, device, model, split, train_items, test_items = prepare_run(cfg, resume)
+    run, device, model, split, train_items, test_items = prepared
     data_config = model.data_config()
     classes = sorted({item.label for item in train_items})
     class_to_index = {name: i for i, name in enumerate(classes)}
@@ -177,17 +135,22 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
 
     train_tf, eval_tf = build_transforms(data_config, cfg.crop_scale, cfg.hflip, cfg.auto_augment)
     dataset = ImageDataset(train_items, class_to_index, train_tf)
-    steps_per_epoch = len(epoch_loader(dataset, cfg, 1))
-    total_steps = cfg.epochs * steps_per_epoch
-    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
-
     amp = MixedPrecision(cfg.amp, device)
     amp.restore(state)
+    stage = Stage.of(cfg, "epoch", len(epoch_loader(dataset, cfg, 1)), optimizer, [model], amp)
     print(
         f"training {cfg.backbone}+{cfg.pool} on {split.name} ({len(train_items)} train / "
         f"{len(test_items)} held-out images, {len(classes)} classes) on "
         f"{describe_device(device, amp.active_dtype)}"
     )
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, int, dict]:
+        images, labels = batch
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        with amp.autocast():
+            loss = loss_fn(model(images), labels)
+        return loss, len(labels), {}
 
     started = time.perf_counter()
     row: dict = history[-1] if history else {}
@@ -195,63 +158,24 @@ def _fit_metric(cfg: FitConfig, resume: bool) -> dict:
         # --epochs 0: the initial model, evaluated and saved as the run's epoch 0
         row = {"epoch": 0, "loss": None, "lr": None}
         row.update(held_out_scores(model, test_items, eval_tf, cfg, device))
-        state = {"epoch": 0, "config": asdict(cfg), "grad_scaler": amp.state()}
-        with deferred():
-            save_checkpoint(run, model, loss_fn, optimizer, state)
-            append_metrics(run, row)
-        history.append(row)
+        stage.commit(run, model, loss_fn, cfg, row, history)
         plot_curves(history, run / CURVES_FILE)
         print(f"epoch 0 (the initial model): {scores_text(row) or 'no evaluation'}".rstrip())
-    for epoch in range(start_epoch + 1, cfg.epochs + 1):
-        # Reseeding per epoch makes a resumed run draw the same batches as an unbroken one.
-        seed_everything(cfg.seed * 100_003 + epoch)
+    for epoch, _ in stage.epochs_after(start_epoch):
         loader = epoch_loader(dataset, cfg, epoch, pin_memory=device.type == "cuda")
-        model.train()
-        epoch_start = time.perf_counter()
-        loss_sum, seen = 0.0, 0
-        bar = tqdm(
-            total=steps_per_epoch,
-            unit="step",
-            desc=f"epoch {epoch}/{cfg.epochs}",
-            leave=False,
-            disable=None,
-        )
-        with loader_batches(loader) as batches:
-            for step_in_epoch, (images, labels) in enumerate(batches):
-                step = (epoch - 1) * steps_per_epoch + step_in_epoch
-                lr = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr_ratio)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * group["lr_scale"]
-                images = images.to(device, non_blocking=True)
-                labels = labels.to(device, non_blocking=True)
-                with amp.autocast():
-                    loss = loss_fn(model(images), labels)
-                if not torch.isfinite(loss):
-                    raise TrainingError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
-                amp.optimizer_step(loss, optimizer, model.parameters(), cfg.clip_grad)
-                loss_sum += loss.item() * len(labels)
-                seen += len(labels)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-        bar.close()
-        train_seconds = time.perf_counter() - epoch_start
+        done = stage.train_epoch(epoch, loader, step)
         row = {
             "epoch": epoch,
-            "loss": loss_sum / max(seen, 1),
-            "lr": lr,
+            "loss": done.mean("loss"),
+            "lr": done.lr,
             **held_out_scores(model, test_items, eval_tf, cfg, device),
-            "train_seconds": round(train_seconds, 3),
-            "train_images_per_s": round(seen / train_seconds, 1),
+            **done.timings(),
         }
-        state = {"epoch": epoch, "config": asdict(cfg), "grad_scaler": amp.state()}
-        with deferred():  # a signal waits until the checkpoint and its row are written
-            save_checkpoint(run, model, loss_fn, optimizer, state)
-            append_metrics(run, row)
-        history.append(row)
+        stage.commit(run, model, loss_fn, cfg, row, history)
         plot_curves(history, run / CURVES_FILE)
         print(
             f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {scores_text(row)}"
-            f"lr {lr:.2e}  {train_seconds:.1f}s "
+            f"lr {done.lr:.2e}  {done.seconds:.1f}s "
             f"({row['train_images_per_s']:.0f} img/s)"
         )
     elapsed = time.perf_counter() - started
