@@ -1,0 +1,184 @@
+"""No import circle among the product packages' modules.
+
+The graph is read from the source with `ast`, without importing anything: every
+`import` and `from ... import` statement counts, at module level or inside a function
+(a deferred import still ties the two modules together). Relative imports are
+resolved against the importing module's package; `from pkg import name` is an edge to
+the module `pkg.name` when there is one, else to `pkg`. Imports of anything outside
+the product packages are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("training", "index", "service", "distributed")
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the product packages."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if "__pycache__" in parts:
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The product modules that module `name` (source at `path`) imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        # the longest prefix that is a module: `import a.b.c` reaches a.b.c
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                origin = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                origin = node.module or ""
+            for alias in node.names:
+                submodule = f"{origin}.{alias.name}"
+                add(submodule if submodule in modules else origin)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    modules = module_files(root)
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components (iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    components.append(sorted(component))
+    return components
+
+
+def shortest_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest circle through the component's first module: [a, b, ..., a]."""
+    start, members = component[0], set(component)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & members):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [*reversed(path), start]
+                if nxt not in previous:
+                    previous[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    return [start, start]
+
+
+def cycles(package: str, root: Path = ROOT) -> list[str]:
+    """Every import circle that passes through a module of `package`, one line each."""
+    graph = import_graph(root)
+    found = []
+    for component in strongly_connected(graph):
+        if len(component) > 1 and any(m.split(".")[0] == package for m in component):
+            found.append(" -> ".join(shortest_cycle(graph, component)))
+    return found
+
+
+KNOWN_CYCLES = {
+    "index": (
+        "index.images -> index.vips_decode -> index.images",
+        "index.store.augment -> index.store.core -> index.store.augment",
+        "index.cli -> index.cli_search -> index.cli",
+    ),
+}
+"""Circles known and not yet undone (each closed by a deferred import in a function):
+while a package has only these, its test is an expected failure; a new one fails it."""
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle(package):
+    found = cycles(package)
+    for line in found:
+        print(f"import cycle: {line}")
+    if found and set(found) <= set(KNOWN_CYCLES.get(package, ())):
+        pytest.xfail(f"known import cycles through {package}: " + "; ".join(found))
+    assert not found, f"import cycles through {package}: " + "; ".join(found)
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path):
+    """The reader itself: module-level, function-level, relative and `from pkg import
+    module` imports are edges, and a circle among them is found and printed in order."""
+    pkg = tmp_path / "training"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .. import a\n")
+    (pkg / "a.py").write_text("import os\n\ndef f():\n    from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from training import c\nfrom training.a import f\n")
+    (pkg / "c.py").write_text("from .sub.b import name\n")
+    for package in PACKAGES[1:]:
+        (tmp_path / package).mkdir()
+    graph = import_graph(tmp_path)
+    assert graph == {
+        "training": set(),
+        "training.a": {"training.sub.b"},
+        "training.c": {"training.sub.b"},
+        "training.sub": {"training.a"},
+        "training.sub.b": {"training.a", "training.c"},
+    }
+    assert cycles("training", tmp_path) == ["training.a -> training.sub.b -> training.a"]
+    assert cycles("index", tmp_path) == []
