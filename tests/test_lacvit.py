@@ -145,6 +145,24 @@ def test_lacvit_resume_continues_stage_one_exactly(digit_folder, tmp_path):
     assert stages == [("initial", 0), ("contrastive", 1), ("contrastive", 2), ("probe", 1)]
 
 
+@pytest.mark.parametrize("method", ["ce", "lacvit"])
+def test_the_same_seed_trains_the_same_run(digit_folder, tmp_path, method):
+    """Two runs with one seed: the same metrics rows (but for timings), encoder and
+    classifier, bit for bit (for lacvit, the probe's epoch included)."""
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        extra = ("--epochs", "1", "--probe-epochs", "1", "--seed", "7")
+        assert main(fast_args(digit_folder, run, method, *extra)) == 0
+    timings = ("train_seconds", "train_images_per_s")
+    a, b = ([{k: v for k, v in r.items() if k not in timings} for r in _rows(run)] for run in runs)
+    assert a == b and len(a) == {"ce": 2, "lacvit": 3}[method]  # initial, stage 1, probe
+    for name in ("model.safetensors", "classifier.safetensors"):
+        first, second = (load_file(str(run / name)) for run in runs)
+        assert first.keys() == second.keys()
+        for key in first:
+            torch.testing.assert_close(first[key], second[key], atol=0, rtol=0, msg=key)
+
+
 def test_ce_baseline_trains_encoder_and_head_end_to_end(digit_folder, tmp_path):
     run = tmp_path / "ce"
     assert main(fast_args(digit_folder, run, "ce", "--epochs", "2")) == 0
