@@ -83,7 +83,8 @@ def _build(args: argparse.Namespace) -> int:
         args.images is not None or not wants_shards(args, Path(args.out))
     ):
         raise ValueError("--ray builds the shards of a sharded index: --embeddings EMB --shards N")
-    if args.dba is not None and args.images is None and wants_shards(args, Path(args.out)):
+    dba = getattr(args, "dba", None)  # `add` shares this path, without the settings
+    if dba is not None and args.images is None and wants_shards(args, Path(args.out)):
         raise ValueError("--dba needs one store: a sharded index has no DBA vectors")
     if args.images is None:
         code = _build_embeddings(args)

@@ -59,7 +59,12 @@ def add_configure_command(sub: argparse._SubParsersAction) -> None:
 
 
 def wants_settings(args: argparse.Namespace) -> bool:
-    return args.filter_fields is not None or args.dba is not None or args.no_dba
+    """Whether the command line names a setting (commands without them: no)."""
+    return (
+        getattr(args, "filter_fields", None) is not None
+        or getattr(args, "dba", None) is not None
+        or getattr(args, "no_dba", False)
+    )
 
 
 def apply_index_settings(args: argparse.Namespace, index: Path, rewrite: bool = True) -> str:

@@ -209,7 +209,7 @@ def _scan_ids(db: sqlite3.Connection, leaf: Match | Range, where: str) -> np.nda
         for item_id, label, metadata in db.execute("SELECT id, label, metadata FROM items")
         if leaf.holds(field_values(leaf.field, label, json.loads(metadata)))
     ]
-    return np.unique(np.asarray(found, dtype=np.int64))
+    return _sorted_unique(np.asarray(found, dtype=np.int64))
 
 
 class LeafCache:
@@ -244,8 +244,19 @@ class LeafCache:
 
 
 def _ids(cursor: sqlite3.Cursor) -> np.ndarray:
-    ids = np.fromiter((row[0] for row in cursor), dtype=np.int64)
-    return np.unique(ids)
+    return _sorted_unique(np.fromiter((row[0] for row in cursor), dtype=np.int64))
+
+
+def _sorted_unique(ids: np.ndarray) -> np.ndarray:
+    """np.unique by sorting (numpy's unique hashes, slower on large id arrays); one
+    value's rows arrive sorted already, which the sort finds at once."""
+    if ids.size < 2:
+        return ids
+    ids.sort(kind="stable")
+    keep = np.empty(ids.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(ids[1:], ids[:-1], out=keep[1:])
+    return ids[keep]
 
 
 def _marks(n: int) -> str:

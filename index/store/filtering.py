@@ -26,7 +26,10 @@ import numpy as np
 from .filters import Filter, Match, Range
 
 EXACT_SEARCH_MAX = 20_000
-"""Filters allowing at most this many items of a segment are searched exactly."""
+"""Filters allowing at most this many items of a segment are searched exactly..."""
+EXACT_SEARCH_MAX_FLAT = 1_000
+"""...or this many in a "Flat" segment, whose ID-selector search is exact already and
+faster than gathering more vectors (bench/filtered_search.py)."""
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -42,15 +45,43 @@ class IdSet:
         if not self.negated and not other.negated:
             return IdSet(np.intersect1d(a, b, assume_unique=True), False)
         if self.negated and other.negated:
-            return IdSet(np.union1d(a, b), True)
+            return IdSet(union(a, b), True)
         kept, dropped = (a, b) if not self.negated else (b, a)
-        return IdSet(np.setdiff1d(kept, dropped, assume_unique=True), False)
+        return IdSet(difference(kept, dropped), False)
 
     def __or__(self, other: IdSet) -> IdSet:
         return ~(~self & ~other)
 
     def __invert__(self) -> IdSet:
         return IdSet(self.ids, not self.negated)
+
+
+def contains(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Boolean mask over `values`: which are in sorted `ids` (binary search: numpy's
+    isin hashes, which costs far more on the large sorted arrays filters make)."""
+    if ids.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(ids, values), ids.size - 1)
+    return ids[at] == values
+
+
+def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted unique union of two sorted unique id arrays."""
+    if a.size == 0 or b.size == 0:
+        return b if a.size == 0 else a
+    merged = np.concatenate((a, b))
+    merged.sort(kind="stable")  # two sorted runs: a merge
+    keep = np.empty(merged.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(merged[1:], merged[:-1], out=keep[1:])
+    return merged[keep]
+
+
+def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The ids of sorted `a` that are not in sorted `b`."""
+    if a.size == 0 or b.size == 0:
+        return a
+    return a[~contains(b, a)]
 
 
 EVERYTHING = IdSet(_EMPTY, True)

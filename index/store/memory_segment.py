@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .filtering import union
 from .filters import Match, Range
 from .items import Hit, ItemRecord, ItemTable, Row
 from .vectors import VectorIndex
@@ -136,7 +137,7 @@ class MemorySegment:
         augmented: bool = False,
     ) -> list[list[tuple[int, float]]]:
         if self.tombstones:
-            blocked = np.union1d(blocked, np.fromiter(self.tombstones, dtype=np.int64))
+            blocked = union(blocked, self.dead_ids())
         return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
 
     def keys_by_id(self) -> list[tuple[int, str]]:

@@ -80,8 +80,8 @@ def ranked_search(
 def allowed_in(segment: Segment, flt: Filter) -> filtering.IdSet:
     """The items of `segment` (tombstoned ones aside) that `flt` allows."""
     allowed = filtering.evaluate(flt, segment.filter_ids)
-    dead = filtering.IdSet(segment.dead_ids(), True)
-    return allowed & dead
+    dead = segment.dead_ids()
+    return allowed & filtering.IdSet(dead, True) if dead.size else allowed
 
 
 def _segment_top_k(
@@ -98,14 +98,17 @@ def _segment_top_k(
     live = segment.live_count
     if allowed.negated:
         # "all but a few": the plain search with those few blocked
-        blocked = np.union1d(blocked, allowed.ids)
+        blocked = filtering.union(blocked, allowed.ids)
         matches = max(live - allowed.ids.size, 0)
         widen = filtering.widening(matches, live)
         return segment.top_k(q, k, None, blocked, widen, augmented=augmented)
-    ids = np.setdiff1d(allowed.ids, blocked, assume_unique=True)
+    ids = filtering.difference(allowed.ids, blocked)
     if ids.size == 0:
         return [[] for _ in range(len(q))]
-    if ids.size <= filtering.EXACT_SEARCH_MAX:
+    exact_max = filtering.EXACT_SEARCH_MAX
+    if segment.vectors.exact:
+        exact_max = min(exact_max, filtering.EXACT_SEARCH_MAX_FLAT)
+    if ids.size <= exact_max:
         found, vectors = segment.exact_vectors(ids, augmented)
         return exact_top_k(q, found, vectors, k)
     widen = filtering.widening(ids.size, live)
@@ -117,7 +120,7 @@ def labelled_ids_allowed(segment: Segment, flt: Filter | None, ids: np.ndarray) 
     if flt is None:
         return np.ones(ids.shape, dtype=bool)
     allowed = allowed_in(segment, flt)
-    inside = np.isin(ids, allowed.ids)
+    inside = filtering.contains(allowed.ids, ids)
     return ~inside if allowed.negated else inside
 
 

@@ -37,6 +37,7 @@ from ..atomic import atomic_path
 from . import fields as fx
 from . import manifest as mf
 from .errors import StoreError, faiss_reason
+from .filtering import contains, union
 from .filters import Match, Range
 from .items import ItemRecord
 from .memory_segment import SegmentRow
@@ -95,6 +96,7 @@ class SealedSegment:
         self._db = self._open_items()
         self.fields = fx.read_selection(self._db)
         self._leaf_cache = fx.LeafCache()
+        self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         # the DBA vector set (augment.py), when a merge computed one: (index, raw)
         self.dba: tuple[VectorIndex, np.ndarray] | None = None
@@ -252,11 +254,13 @@ class SealedSegment:
         """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
         (their DBA vectors with `augmented`, where the segment has them)."""
         raw = self._view(augmented)[1]
-        sql = "SELECT id, row FROM items WHERE id IN ({marks})"
-        found = sorted(self._select(sql, ids.tolist()))
-        positions = np.fromiter((r[1] for r in found), dtype=np.int64, count=len(found))
-        vectors = np.asarray(raw[positions], dtype=np.float32).reshape(-1, self.dim)
-        return np.fromiter((r[0] for r in found), dtype=np.int64, count=len(found)), vectors
+        if self._row_ids is None:
+            # rows are in id order: an item's row is its id's rank (8 bytes a row, once)
+            rows = self._db.execute("SELECT id FROM items ORDER BY row")
+            self._row_ids = np.fromiter((i for (i,) in rows), dtype=np.int64)
+        found = ids[contains(self._row_ids, ids)]
+        positions = np.searchsorted(self._row_ids, found)
+        return found, np.asarray(raw[positions], dtype=np.float32).reshape(-1, self.dim)
 
     def dead_ids(self) -> np.ndarray:
         dead = self.tombstones
@@ -271,9 +275,8 @@ class SealedSegment:
         widen: float = 1.0,
         augmented: bool = False,
     ) -> list[list[tuple[int, float]]]:
-        dead = self.tombstones
-        if dead:
-            blocked = np.union1d(blocked, np.fromiter(dead, dtype=np.int64, count=len(dead)))
+        if self.tombstones:
+            blocked = union(blocked, self.dead_ids())
         index = self._view(augmented)[0]
         return index.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
 

@@ -28,6 +28,7 @@ import faiss
 import numpy as np
 
 from .errors import StoreError, faiss_reason
+from .filtering import contains, difference
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,11 @@ class VectorIndex:
     @property
     def is_trained(self) -> bool:
         return bool(self.cpu.is_trained)
+
+    @property
+    def exact(self) -> bool:
+        """Whether a search here is exhaustive and exact (a flat float32 index)."""
+        return isinstance(core_index(self.cpu), faiss.IndexFlat)
 
     @property
     def removable(self) -> bool:
@@ -363,7 +369,7 @@ class VectorIndex:
         """
         results: list[list[tuple[int, float]]] = [[] for _ in range(len(queries))]
         if allowed is not None:
-            allowed = np.setdiff1d(allowed, blocked)
+            allowed = difference(allowed, blocked)
             if allowed.size == 0:
                 return results
         candidates = self.ntotal if allowed is None else allowed.size
@@ -399,11 +405,11 @@ def _selector(
 ) -> tuple[Selector | None, Callable[[np.ndarray], np.ndarray]]:
     """An IDSelector for FAISS and the same rule as a numpy mask for post-filtering."""
     if allowed is not None:
-        return _id_selector(allowed), lambda ids: np.isin(ids, allowed)
+        return _id_selector(allowed), lambda ids: contains(allowed, ids)
     if blocked.size:
         # IDSelectorNot keeps a Python reference to the selector it wraps
         selector = faiss.IDSelectorNot(_id_selector(blocked))
-        return selector, lambda ids: ~np.isin(ids, blocked)
+        return selector, lambda ids: ~contains(blocked, ids)
     return None, lambda ids: np.ones(ids.shape, dtype=bool)
 
 
