@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cli_bench import add_bench_command
-from .cli_common import add_ray_options, add_runtime_options, embedder_from_args
+from .cli_common import (
+    add_ray_options,
+    add_runtime_options,
+    embedder_from_args,
+    open_index_with_model,
+)
 from .cli_configure import (
     add_configure_command,
     add_index_settings,
@@ -41,33 +46,6 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     OSError,  # unreadable or unwritable paths the user named
     ValueError,
 )
-
-
-def _open_index(index: Path, override: str | None):
-    """Open (and verify) an index once, with the model to embed for it.
-
-    The model is the index's own copy; `--model` may only name the same weights.
-    Returns (store, model path).
-    """
-    from .model_metadata import read_model_metadata
-    from .shards import open_index
-    from .store import StoreError
-
-    store = open_index(index)
-    if override:
-        theirs = read_model_metadata(override).fingerprint
-        if theirs != store.fingerprint:
-            own = f" ({store.model_path})" if store.model_path else ""
-            raise StoreError(
-                f"--model {override} has fingerprint {theirs[:12]}, the index was built with "
-                f"{(store.fingerprint or '')[:12]}: leave out --model to use the index's own "
-                f"copy{own}, or rebuild the index with this model (`vitrieval-index build "
-                f"--model {override} --images ... --out NEW_INDEX`)"
-            )
-        return store, Path(override)
-    if store.model_path is None:
-        raise StoreError(f"{index} holds no copy of its model; pass --model")
-    return store, store.model_path
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -104,7 +82,7 @@ def _build_images(args: argparse.Namespace, items: list) -> int:
     if args.model:
         model = Path(args.model)
     else:
-        store, model = _open_index(out, None)
+        store, model = open_index_with_model(out, None)
     embedder = embedder_from_args(model, args)
     report = build_index(
         items,

@@ -39,3 +39,30 @@ def add_ray_options(parser: argparse.ArgumentParser, *, actors: bool = False) ->
             help="with --ray: CPUs, ONNX Runtime and decoding threads per actor (default: "
             f"min({DEFAULT_ACTOR_THREADS}, a node's CPUs), or CPUs // --actors)",
         )
+
+
+def open_index_with_model(index: Path, override: str | None):
+    """Open (and verify) an index once, with the model to embed for it.
+
+    The model is the index's own copy; `--model` may only name the same weights.
+    Returns (store, model path).
+    """
+    from .model_metadata import read_model_metadata
+    from .shards import open_index
+    from .store import StoreError
+
+    store = open_index(index)
+    if override:
+        theirs = read_model_metadata(override).fingerprint
+        if theirs != store.fingerprint:
+            own = f" ({store.model_path})" if store.model_path else ""
+            raise StoreError(
+                f"--model {override} has fingerprint {theirs[:12]}, the index was built with "
+                f"{(store.fingerprint or '')[:12]}: leave out --model to use the index's own "
+                f"copy{own}, or rebuild the index with this model (`vitrieval-index build "
+                f"--model {override} --images ... --out NEW_INDEX`)"
+            )
+        return store, Path(override)
+    if store.model_path is None:
+        raise StoreError(f"{index} holds no copy of its model; pass --model")
+    return store, store.model_path

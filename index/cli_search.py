@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .cli_common import add_runtime_options, embedder_from_args
+from .cli_common import add_runtime_options, embedder_from_args, open_index_with_model
 from .fusion import FUSIONS
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
 
@@ -96,7 +96,6 @@ def _rerank(args: argparse.Namespace):
 
 
 def search_command(args: argparse.Namespace) -> int:
-    from .cli import _open_index  # cli.py registers this command: imported when it runs
     from .images import ImageDecodeError
     from .query import Where, search_store, search_store_fused
 
@@ -104,7 +103,7 @@ def search_command(args: argparse.Namespace) -> int:
         raise ValueError("-k must be at least 1")
     where = Where(label=args.label, filter=read_filter(args.filter), augmented=args.rerank == "dba")
     rerank = _rerank(args)
-    store, model = _open_index(Path(args.index), args.model)
+    store, model = open_index_with_model(Path(args.index), args.model)
     # the embedder's own decoding, exactly as `build` decoded the catalogue
     embedded = embedder_from_args(model, args).embed_sources(args.images)
     if embedded.errors:

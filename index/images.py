@@ -33,6 +33,10 @@ from dataclasses import dataclass, replace
 
 from PIL import Image, ImageFile, PngImagePlugin, UnidentifiedImageError
 
+# defined apart so that the decoders this module dispatches to need not import it back
+from .image_errors import EXIF_ORIENTATION as EXIF_ORIENTATION
+from .image_errors import ImageDecodeError as ImageDecodeError
+
 ALLOWED_FORMATS: frozenset[str] = frozenset({"JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO"})
 """PIL format names accepted by `open_image` (MPO is the multi-picture JPEG of phones)."""
 
@@ -55,10 +59,6 @@ ImageFile.LOAD_TRUNCATED_IMAGES = False
 # PNG text chunks are decompressed when the header is read; vitrieval uses none, so
 # they may not cost more than this (Pillow allows 64 MB of them)
 PngImagePlugin.MAX_TEXT_CHUNK = PngImagePlugin.MAX_TEXT_MEMORY = 256 * 1024
-
-
-class ImageDecodeError(ValueError):
-    """An image could not be decoded safely; `str(error)` says why."""
 
 
 class ImageTooLargeError(ImageDecodeError):
@@ -314,7 +314,6 @@ def _to_rgb_reduced(image: Image.Image, factor: int) -> Image.Image:
     return out
 
 
-EXIF_ORIENTATION = 0x0112
 _UPRIGHT = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .images import EXIF_ORIENTATION, ImageDecodeError
+from .image_errors import EXIF_ORIENTATION, ImageDecodeError
 
 logger = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ without one is a StoreError.
 from .core import AUTO_COMPACT_FRACTION, IndexStore
 from .errors import KeyExistsError, StoreError
 from .items import Hit, ItemRecord
-from .legacy import upgrade
+from .upgrade import upgrade
 from .vectors import suggest_factory
 
 __all__ = [

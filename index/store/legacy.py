@@ -69,24 +69,6 @@ def open_legacy(
     return store
 
 
-def upgrade(directory: str | Path) -> tuple[int, int]:
-    """Convert a format-1 index directory to format 2 in place; returns (format found,
-    items). Journalled mutations are replayed and included. A no-op for format 2."""
-    from .core import IndexStore
-
-    store = IndexStore.open(directory)
-    try:
-        if not store._legacy:
-            return mf.FORMAT_VERSION, len(store)
-        store._legacy = False
-        store._dirty = True
-        store._quantizer_dirty = store._trainable
-        store.save()
-        return mf.LEGACY_FORMAT_VERSION, len(store)
-    finally:
-        store.close()
-
-
 def legacy_message(directory: Path) -> str:
     return (
         f"{directory} is an index of format 1, which this vitrieval reads but does not "
