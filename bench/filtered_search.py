@@ -292,6 +292,13 @@ def evaluate(store: IndexStore, raw: RawFilter) -> tuple[float, list[filtering.I
     return time.perf_counter() - t0, sets
 
 
+def _exact_limit(segment, exact_max: int) -> int:
+    """The most allowed items search.py scores exactly in this segment."""
+    if segment.vectors.exact:
+        return min(exact_max, filtering.EXACT_SEARCH_MAX_FLAT)
+    return exact_max
+
+
 def plan(store: IndexStore, sets: list[filtering.IdSet] | None, exact_max: int) -> str:
     """How search.py searches each segment, from its allowed set (as it decides)."""
     settings = store.search_params()
@@ -306,7 +313,7 @@ def plan(store: IndexStore, sets: list[filtering.IdSet] | None, exact_max: int) 
         elif allowed.ids.size == 0:
             parts.append("empty")
             continue
-        elif allowed.ids.size <= exact_max:
+        elif allowed.ids.size <= _exact_limit(segment, exact_max):
             parts.append("exact")
             continue
         else:
