@@ -133,7 +133,7 @@ def random_init_run(run: Path, seed: int, args: argparse.Namespace) -> None:
     from training.epochs import seed_everything
     from training.pretrain import build_pretrain_model
     from training.pretrain_config import PretrainConfig
-    from training.run_folder import CONFIG_FILE, MODEL_FILE
+    from training.run_folder import CONFIG_FILE, RUN_MODEL_FILE
 
     cfg = PretrainConfig(
         out=str(run), images=str(args.catalogue), backbone=args.preset, seed=seed
@@ -141,7 +141,7 @@ def random_init_run(run: Path, seed: int, args: argparse.Namespace) -> None:
     seed_everything(cfg.seed)  # as pretrain() does before building the model
     encoder, _ = build_pretrain_model(cfg)
     run.mkdir(parents=True, exist_ok=True)
-    save_tensors(run / MODEL_FILE, encoder.state_dict())
+    save_tensors(run / RUN_MODEL_FILE, encoder.state_dict())
     cfg.embedding_config().save(run / CONFIG_FILE)
 
 

@@ -139,7 +139,7 @@ def measure(
     return row, found
 
 
-def build_index(
+def build_bench_index(
     factory: str, x: np.ndarray, ntrain: int, args: argparse.Namespace, rate: dict[str, float]
 ) -> tuple[faiss.Index | None, float, str]:
     """Train + add; returns (index or None if skipped, build seconds, note)."""
@@ -191,7 +191,7 @@ def bench_size(n: int, args: argparse.Namespace, rate: dict[str, float]) -> list
         (f"IVF{nlist},PQ48np", "nprobe", [16, 64]),
     ]
     for factory, pname, pvals in specs:
-        index, build, note = build_index(factory, x, ntrain, args, rate)
+        index, build, note = build_bench_index(factory, x, ntrain, args, rate)
         if index is None:
             continue
         nbytes = len(faiss.serialize_index(index)) / n

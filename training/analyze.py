@@ -38,7 +38,7 @@ from index.datasets import Item, load_dataset
 from index.metrics import isotropy_score, retrieval_metrics
 
 from .config import ConfigError, FitConfig
-from .run_folder import CONFIG_FILE, MODEL_FILE, read_config, show_metric
+from .run_folder import CONFIG_FILE, RUN_MODEL_FILE, read_config, show_metric
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -76,7 +76,7 @@ def resolve_model(spec: str, name: str | None = None) -> ModelRef:
     if path.is_dir():
         if not (path / CONFIG_FILE).is_file():
             raise AnalysisError(f"{path} is not a run folder (no {CONFIG_FILE})")
-        run, weights, label = path, path / MODEL_FILE, path.name
+        run, weights, label = path, path / RUN_MODEL_FILE, path.name
     elif path.suffix == ".onnx":
         if not path.is_file():
             raise AnalysisError(f"model file not found: {path}")

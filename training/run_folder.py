@@ -5,7 +5,7 @@ read and write them (docs/training.md, "The run folder").
     RUN/pretrain.yaml          PRETRAIN_FILE    `pretrain` only: its PretrainConfig
     RUN/metrics.jsonl          METRICS_FILE     one JSON row per epoch, appended and fsynced
     RUN/curves.png             CURVES_FILE      the rows as curves
-    RUN/model.safetensors      MODEL_FILE       the embedding model after the last epoch
+    RUN/model.safetensors      RUN_MODEL_FILE   the embedding model after the last epoch
     RUN/skipped.txt            SKIPPED_FILE     images that could not be decoded
     RUN/checkpoint/            CHECKPOINT_DIR   what `--resume` reads:
         state.json             STATE_FILE       the commit: epoch, config, the files below
@@ -48,7 +48,7 @@ CONFIG_FILE = "config.yaml"
 PRETRAIN_FILE = "pretrain.yaml"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
-MODEL_FILE = "model.safetensors"
+RUN_MODEL_FILE = "model.safetensors"
 SKIPPED_FILE = "skipped.txt"
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.json"
@@ -189,7 +189,7 @@ def save_checkpoint(
     save_tensors(folder / files["model"], model.state_dict())
     save_tensors(folder / files["loss"], loss.state_dict())
     save_optimizer(folder / files["optimizer"], optimizer)
-    link_replace(folder / files["model"], run / MODEL_FILE)
+    link_replace(folder / files["model"], run / RUN_MODEL_FILE)
     atomic_write_text(folder / STATE_FILE, json.dumps({**state, "files": files}))
     for stale in folder.glob("*.safetensors"):
         if stale.name not in files.values():
@@ -243,7 +243,7 @@ def load_run_model(run: Path) -> tuple[EmbeddingModel, FitConfig]:
 
     cfg = read_config(run)
     model = model_from_config(cfg, load_pretrained=False)
-    load_model_weights(model, run / MODEL_FILE)
+    load_model_weights(model, run / RUN_MODEL_FILE)
     return model.eval(), cfg
 
 
@@ -251,7 +251,7 @@ def init_weights(model: EmbeddingModel, run: str) -> None:
     """`--init RUN`: the backbone and every head tensor that fits from RUN's model."""
     from .checkpoint import load_init_weights
 
-    fresh = load_init_weights(model, Path(run) / MODEL_FILE)
+    fresh = load_init_weights(model, Path(run) / RUN_MODEL_FILE)
     heads = sorted({name.split(".")[0] for name in fresh})
     note = f"; {', '.join(heads)} newly initialised ({len(fresh)} tensors)" if fresh else ""
     print(f"initialised from {run}{note}")

@@ -36,7 +36,7 @@ from ..embeddings import BATCH_ROWS, EmbeddingsError, EmbeddingsFolder
 from ..factory import training_sample_size
 from ..store import IndexStore, StoreError
 from ..store import manifest as mf
-from ..store.vectors import VectorIndex, build_index
+from ..store.vectors import VectorIndex, new_faiss_index
 from .layout import (
     PLAN_FILE,
     QUANTIZER_FILE,
@@ -250,7 +250,7 @@ def train_quantizer(folder: EmbeddingsFolder, factory: str) -> bytes | None:
     """The trained, empty index of `factory` (faiss.serialize_index bytes), trained on
     the reservoir sample an unsharded build takes; None when `factory` needs no
     training (Flat, HNSW)."""
-    template = build_index(folder.dim, factory)
+    template = new_faiss_index(folder.dim, factory)
     if template.is_trained:
         return None
     if not folder.count:

@@ -45,7 +45,7 @@ from .persist import save as save_store
 from .report import store_info
 from .search import labelled_items, ranked_search
 from .segment import SealedSegment
-from .vectors import VectorIndex, build_index
+from .vectors import VectorIndex, new_faiss_index
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class IndexStore:
         self._journal_seq = 0  # last journal row reflected in memory
         self._journal_pending = 0  # rows no save has committed (read without the lock)
         self._journal_owner: JournalOwner | None = None
-        self._trainable = not build_index(dim, factory).is_trained
+        self._trainable = not new_faiss_index(dim, factory).is_trained
 
     # -- construction ------------------------------------------------------------------
 
@@ -395,7 +395,7 @@ class IndexStore:
         with self._commit_lock, self._lock:
             if not self._trainable:
                 return
-            fresh = VectorIndex(build_index(self.dim, self.factory), self._gpu)
+            fresh = VectorIndex(new_faiss_index(self.dim, self.factory), self._gpu)
             fresh.copy_settings(VectorIndex(self._template, "cpu"))
             fresh.train(x)
             self._template = fresh.cpu

@@ -20,7 +20,7 @@ from .journal import JOURNAL_FILE, Journal, JournalOwner
 from .legacy import legacy_message, open_legacy
 from .persist import TUNABLE_PARAMS
 from .segment import SealedSegment
-from .vectors import VectorIndex, build_index, check_gpu_mode, start_template
+from .vectors import VectorIndex, check_gpu_mode, new_faiss_index, start_template
 
 if TYPE_CHECKING:
     from .core import IndexStore
@@ -66,7 +66,7 @@ def load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str
     if manifest.model and manifest.model.file and manifest.model.checksum:
         # small beside the segments, and what `search` embeds with: read in full
         mf.verify_file(directory, manifest.model.file, manifest.model.checksum)
-    template = build_index(manifest.dim, manifest.factory)
+    template = new_faiss_index(manifest.dim, manifest.factory)
     if manifest.quantizer is not None:
         data = mf.read_verified(directory, manifest.quantizer.name, manifest.quantizer.checksum)
         template = VectorIndex.from_bytes(

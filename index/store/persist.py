@@ -253,7 +253,7 @@ def _write_model(store: IndexStore, generation: int) -> mf.ModelEntry | None:
     if store._model_source is None:
         return store._model
     committed = _committed_model_file(store)
-    name = mf.MODEL_FILE if committed != mf.MODEL_FILE else mf.model_file(generation)
+    name = mf.MODEL_COPY_FILE if committed != mf.MODEL_COPY_FILE else mf.model_file(generation)
     with atomic_path(store.directory / name) as tmp:
         shutil.copyfile(store._model_source, tmp)
         entry = mf.sha256_file(tmp)

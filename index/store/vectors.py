@@ -82,7 +82,7 @@ def _wrap(inner: faiss.Index) -> faiss.Index:
     return wrapped
 
 
-def build_index(dim: int, factory: str) -> faiss.Index:
+def new_faiss_index(dim: int, factory: str) -> faiss.Index:
     """A new, empty CPU index for `factory` with inner-product metric, in its store layout."""
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
@@ -113,9 +113,9 @@ def start_template(dim: int, factory: str, data: bytes | None = None) -> faiss.I
     """The empty index a new store's segments start from: a fresh one, or the trained
     one serialised in `data` (faiss.serialize_index bytes), checked to be `factory`'s."""
     if data is None:
-        return build_index(dim, factory)
+        return new_faiss_index(dim, factory)
     index = VectorIndex.from_bytes(data, Path(f"the {factory} quantizer"), dim, "cpu").cpu
-    expected = build_index(dim, factory)
+    expected = new_faiss_index(dim, factory)
     if type(index) is not type(expected) or not index.is_trained or index.ntotal:
         raise StoreError(f"the quantizer given is not a trained, empty {factory!r} index")
     return index
@@ -161,7 +161,7 @@ class VectorIndex:
 
     @classmethod
     def create(cls, dim: int, factory: str, gpu: str) -> VectorIndex:
-        return cls(build_index(dim, factory), gpu)
+        return cls(new_faiss_index(dim, factory), gpu)
 
     @classmethod
     def from_bytes(cls, data: bytes, source: Path, dim: int, gpu: str) -> VectorIndex:
