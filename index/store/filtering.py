@@ -119,6 +119,20 @@ def with_label(flt: Filter | None, label: str | None) -> Filter | None:
     return Filter(must=(by_label,) if flt is None or flt.empty else (by_label, flt))
 
 
+NEIGHBOURHOOD = 100
+"""Unfiltered neighbours per query whose allowed share sets a filtered search's width."""
+
+
+def local_share(neighbours: np.ndarray, allowed: IdSet) -> float:
+    """The smallest share, over the queries, of their unfiltered neighbours (int64
+    (q, n) ids, -1 for none) that `allowed` lets through."""
+    valid = neighbours >= 0
+    inside = contains(allowed.ids, neighbours)
+    passing = (~inside if allowed.negated else inside) & valid
+    counts = np.maximum(valid.sum(axis=1), 1)
+    return float((passing.sum(axis=1) / counts).min())
+
+
 def widening(allowed: int, live: int) -> float:
     """How much wider than an unfiltered search a filtered ANN search looks: 1 / s."""
     return max(1.0, live / max(allowed, 1))

@@ -100,7 +100,7 @@ def _segment_top_k(
         # "all but a few": the plain search with those few blocked
         blocked = filtering.union(blocked, allowed.ids)
         matches = max(live - allowed.ids.size, 0)
-        widen = filtering.widening(matches, live)
+        widen = _widening(segment, q, allowed, matches)
         return segment.top_k(q, k, None, blocked, widen, augmented=augmented)
     ids = filtering.difference(allowed.ids, blocked)
     if ids.size == 0:
@@ -111,8 +111,20 @@ def _segment_top_k(
     if ids.size <= exact_max:
         found, vectors = segment.exact_vectors(ids, augmented)
         return exact_top_k(q, found, vectors, k)
-    widen = filtering.widening(ids.size, live)
+    widen = _widening(segment, q, filtering.IdSet(ids, False), ids.size)
     return segment.top_k(q, k, ids, blocked, widen, augmented=augmented)
+
+
+def _widening(segment: Segment, q: np.ndarray, allowed: filtering.IdSet, matches: int) -> float:
+    """How much wider a filtered ANN search looks: 1 / the lower of the filter's share
+    of the segment and its share of the queries' unfiltered neighbourhoods (a filter
+    that follows the vectors allows few items near a query, however many elsewhere)."""
+    widen = filtering.widening(matches, segment.live_count)
+    if segment.vectors.exact or segment.live_count <= filtering.NEIGHBOURHOOD:
+        return widen  # an exhaustive search: widening changes nothing
+    _, near = segment.vectors.raw_search(q, filtering.NEIGHBOURHOOD, None)
+    local = filtering.local_share(near, allowed)
+    return max(widen, 1.0 / max(local, 1.0 / filtering.NEIGHBOURHOOD))
 
 
 def labelled_ids_allowed(segment: Segment, flt: Filter | None, ids: np.ndarray) -> np.ndarray:
