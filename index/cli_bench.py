@@ -132,7 +132,7 @@ def _bench_embedder(args: argparse.Namespace):
         raise DatasetError(f"--out {out} is a file; the report needs a folder")
     embedder = embedder_from_args(Path(args.model), args)
     if args.factory:
-        from .store.vectors import new_faiss_index
+        from .store import new_faiss_index
 
         new_faiss_index(embedder.dim, args.factory)  # StoreError names the problem
     return embedder

@@ -2,9 +2,15 @@
 
 Routes that take an image accept both: multipart/form-data with the image as a file
 field (what a browser form and `curl -F image=@photo.jpg` send) or JSON with the image
-base64-encoded (what a program sends along with a vector or a key). Both are parsed
-here into one pydantic model plus the image bytes, with 4xx errors that name the
-field; `openapi_body` documents the two forms for the OpenAPI schema.
+base64-encoded (what a program sends along with a vector or a key); a urlencoded form
+is the multipart one without files. All are parsed here into one pydantic model plus
+the image bytes, with 4xx errors that name the field.
+
+A route declares its body once, as a `RequestBody`: the model and the image parts a
+form carries. The same declaration reads requests and documents them: the OpenAPI
+`requestBody` of every content type is generated from the model's JSON schema (a
+form's fields are the model's, marked `schemas.FormField` where a form sends JSON text
+or cannot send the field), so every limit and pattern is written once, in the model.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import binascii
 import copy
 import json
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import Request
@@ -22,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from .errors import ApiError, validation_message
+from .schemas import FormField
 from .text import find_unencodable, text_problem
 
 M = TypeVar("M", bound=BaseModel)
@@ -38,8 +45,37 @@ class ImageUpload:
 
 MAX_FORM_FIELD_BYTES = 1024 * 1024
 MAX_FORM_FIELDS = 64
-JSON_FORM_FIELDS = ("metadata", "filter", "rerank")
-"""Form fields that carry JSON text (an object), decoded before validation."""
+JSON = "application/json"
+MULTIPART = "multipart/form-data"
+URLENCODED = "application/x-www-form-urlencoded"
+
+
+@dataclass(frozen=True)
+class RequestBody(Generic[M]):
+    """What a route's body holds: `model`, and in a multipart form up to `max_images`
+    file parts named `image_field` (None: no file part). `form_needs_image`: a form
+    only succeeds with an image (what else the route needs is JSON only), so the
+    urlencoded form, which cannot carry one, is left undocumented."""
+
+    model: type[M]
+    image_field: str | None = "image"
+    max_images: int = 1
+    form_needs_image: bool = False
+
+    async def read(self, request: Request) -> tuple[M, list[ImageUpload]]:
+        """The parsed body and its images (see `read_body_images`)."""
+        return await read_body_images(
+            request, self.model, image_field=self.image_field, max_images=self.max_images
+        )
+
+    async def read_one(self, request: Request) -> tuple[M, ImageUpload | None]:
+        """`read` for a body with at most one image: the image or None."""
+        parsed, images = await self.read(request)
+        return parsed, images[0] if images else None
+
+    def openapi(self) -> dict[str, Any]:
+        """`openapi_extra` documenting the body in every content type the route reads."""
+        return openapi_body(self)
 
 
 async def read_body(
@@ -157,8 +193,8 @@ def _form_values(
             if problem:
                 raise ApiError(422, "invalid_text", f"form field {name!r}: {problem}")
             values[name] = value
-    for name in JSON_FORM_FIELDS:
-        if name in values and name in model.model_fields:
+    for name, field in model.model_fields.items():
+        if name in values and FormField.JSON_TEXT in field.metadata:
             values[name] = _json_field(values[name], name)
     return _validate(model, values), images
 
@@ -249,20 +285,90 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     return resolve(schema)
 
 
-def openapi_body(
-    json_model: type[BaseModel], form_fields: dict[str, dict[str, Any]] | None
-) -> dict[str, Any]:
-    """`openapi_extra` documenting a JSON body and (when `form_fields` is given) the
-    multipart form with the same meaning."""
-    content: dict[str, Any] = {
-        "application/json": {"schema": _inline_refs(json_model.model_json_schema())}
-    }
-    if form_fields is not None:
-        content["multipart/form-data"] = {
-            "schema": {"type": "object", "properties": form_fields},
-            "encoding": {"image": {"contentType": "image/*"}},
-        }
+def openapi_body(body: RequestBody[Any]) -> dict[str, Any]:
+    """`openapi_extra` documenting `body` as JSON, as a multipart form and (when a form
+    without a file can succeed) as a urlencoded form, all from the model's schema."""
+    schema = _inline_refs(body.model.model_json_schema())
+    fields = _form_fields(body.model, schema)
+    required = [name for name in schema.get("required", ()) if name in fields]
+    multipart_fields = dict(fields)
+    if body.image_field is not None:
+        multipart_fields = {body.image_field: _image_part(body.max_images), **fields}
+        if body.form_needs_image:
+            required = [body.image_field, *required]
+    content: dict[str, Any] = {JSON: {"schema": schema}}
+    content[MULTIPART] = {"schema": _form_schema(schema, multipart_fields, required)}
+    if body.image_field is not None:
+        content[MULTIPART]["encoding"] = {body.image_field: {"contentType": "image/*"}}
+    if body.image_field is None or not body.form_needs_image:
+        content[URLENCODED] = {"schema": _form_schema(schema, fields, required)}
     return {"requestBody": {"required": True, "content": content}}
 
 
-IMAGE_PART = {"type": "string", "format": "binary", "description": "the image file"}
+def _form_schema(
+    schema: dict[str, Any], fields: dict[str, dict[str, Any]], required: list[str]
+) -> dict[str, Any]:
+    form: dict[str, Any] = {"type": "object", "properties": fields, "additionalProperties": False}
+    if required:
+        form["required"] = required
+    for keyword in ("title", "description"):
+        if keyword in schema:
+            form[keyword] = schema[keyword]
+    return form
+
+
+def _form_fields(model: type[BaseModel], schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The model's fields as a form sends them: text (numbers, booleans and enums as
+    their text), JSON text for the fields marked so; fields marked JSON only left out."""
+    fields: dict[str, dict[str, Any]] = {}
+    for name, field in model.model_fields.items():
+        if FormField.JSON_ONLY in field.metadata:
+            continue
+        value = _not_null(schema["properties"][name])
+        if FormField.JSON_TEXT in field.metadata:
+            value = _json_text(value)
+        elif value.get("type") not in ("string", "integer", "number", "boolean"):
+            raise TypeError(
+                f"{model.__name__}.{name} cannot be one form field: mark it "
+                f"FormField.JSON_TEXT or FormField.JSON_ONLY"
+            )
+        fields[name] = value
+    return fields
+
+
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional field's schema without its `null` (a form leaves the field out)."""
+    schema = {key: value for key, value in schema.items() if value is not None}
+    options = [option for option in schema.pop("anyOf", ()) if option != {"type": "null"}]
+    if len(options) > 1:
+        return {"anyOf": options, **schema}
+    return {**options[0], **schema} if options else schema
+
+
+def _json_text(schema: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-valued field as a form field: JSON text whose decoded value is `schema`."""
+    text: dict[str, Any] = {"type": "string", "contentMediaType": JSON}
+    content = {key: value for key, value in schema.items() if key not in ("title", "examples")}
+    content.pop("description", None)
+    text["contentSchema"] = content
+    if "title" in schema:
+        text["title"] = schema["title"]
+    if "description" in schema:
+        text["description"] = f"JSON text: {schema['description']}"
+    if "examples" in schema:
+        text["examples"] = [json.dumps(example) for example in schema["examples"]]
+    return text
+
+
+def _image_part(max_images: int) -> dict[str, Any]:
+    part = {"type": "string", "format": "binary", "description": "the image file"}
+    if max_images == 1:
+        return part
+    return {
+        "type": "array",
+        "items": part,
+        "minItems": 1,
+        "maxItems": max_images,
+        "description": f"the image file; repeat the part for several images searched as "
+        f"one query (at most {max_images})",
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import Enum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -28,6 +29,8 @@ MAX_METADATA_DEPTH = 16
 MAX_QUERY_IMAGES = 16
 """Images one search may fuse into one query (each is decoded and embedded; together
 they stay within the request's body limit)."""
+MAX_EVALUATE_KS = 16
+MAX_EVALUATE_QUERIES = 10_000
 # no control characters, 1-512 characters (the schema's half of `text.checked_key`)
 KEY_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f]{{1,{MAX_KEY_LENGTH}}}$"
 
@@ -64,6 +67,22 @@ MetadataFilter = Annotated[
 RerankMethod = Literal[SEARCH_METHODS]  # type: ignore[valid-type]
 
 
+class FormField(Enum):
+    """How a request model's field travels in a multipart or urlencoded form, marked on
+    the field (`Annotated[..., FormField.JSON_TEXT]`); an unmarked field is one text
+    field, validated as pydantic validates strings. `service.inputs` reads forms and
+    documents them (OpenAPI) from these marks."""
+
+    JSON_TEXT = "json-text"
+    """a JSON object sent as JSON text, decoded before validation"""
+    JSON_ONLY = "json-only"
+    """not a form field: a base64 image (a form sends the file part instead) or a list"""
+
+
+JsonOnly = FormField.JSON_ONLY
+JsonText = FormField.JSON_TEXT
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -98,9 +117,11 @@ class SearchRequest(Strict):
 
     k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
     label: Label | None = Field(None, description="only return items with this label")
-    filter: MetadataFilter | None = None
-    image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
-    images_base64: list[str] | None = Field(
+    filter: Annotated[MetadataFilter | None, JsonText] = None
+    image_base64: Annotated[str | None, JsonOnly] = Field(
+        None, description="the image, base64 (JSON only)"
+    )
+    images_base64: Annotated[list[str] | None, JsonOnly] = Field(
         None,
         min_length=1,
         max_length=MAX_QUERY_IMAGES,
@@ -111,10 +132,14 @@ class SearchRequest(Strict):
         description="several images as one query: mean (search the mean of their "
         "embeddings) or max (an item scores its best similarity to any of them)",
     )
-    rerank: Rerank | None = Field(None, description="re-rank the hits (alpha-QE)")
+    rerank: Annotated[Rerank | None, JsonText] = Field(
+        None,
+        description="re-rank the hits (alpha-QE, or the index's DBA vectors)",
+        examples=[Rerank(method="aqe").model_dump()],
+    )
     key: LookupKey | None = Field(None, description="query with this indexed item's vector")
-    vector: list[float] | None = Field(
-        None, max_length=MAX_VECTOR_LENGTH, description="query with this vector"
+    vector: Annotated[list[float] | None, JsonOnly] = Field(
+        None, max_length=MAX_VECTOR_LENGTH, description="query with this vector (JSON only)"
     )
     exclude_self: bool = Field(
         True, description="with `key`: leave the query item itself out of the hits"
@@ -136,7 +161,11 @@ class SearchResponse(BaseModel):
 
 
 class EmbedRequest(Strict):
-    image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
+    """The image to embed (multipart `image` or `image_base64`)."""
+
+    image_base64: Annotated[str | None, JsonOnly] = Field(
+        None, description="the image, base64 (JSON only)"
+    )
 
 
 class EmbedResponse(BaseModel):
@@ -152,12 +181,18 @@ class ItemCreate(Strict):
 
     key: ItemKey
     label: Label | None = None
-    metadata: dict[str, Any] | None = Field(
-        None, description=f"a JSON object, at most {MAX_METADATA_BYTES // 1024} KiB"
+    metadata: Annotated[dict[str, Any] | None, JsonText] = Field(
+        None,
+        description=f"a JSON object, at most {MAX_METADATA_BYTES // 1024} KiB as JSON and "
+        f"{MAX_METADATA_DEPTH} levels deep",
     )
-    image_base64: str | None = Field(None, description="the image, base64 (JSON only)")
-    vector: list[float] | None = Field(
-        None, max_length=MAX_VECTOR_LENGTH, description="add this vector instead of an image"
+    image_base64: Annotated[str | None, JsonOnly] = Field(
+        None, description="the image, base64 (JSON only)"
+    )
+    vector: Annotated[list[float] | None, JsonOnly] = Field(
+        None,
+        max_length=MAX_VECTOR_LENGTH,
+        description="add this vector instead of an image (JSON only)",
     )
     replace: bool = Field(False, description="overwrite an item with the same key")
 
@@ -216,16 +251,21 @@ class EvaluateRequest(Strict):
     queries: the uploaded labelled queries are ranked against the labelled items."""
 
     mode: Literal["leave-one-out", "queries"] = "leave-one-out"
-    ks: list[int] = Field([1, 2, 4, 8], min_length=1, max_length=16)
-    queries: list[LabelledQuery] | None = Field(None, max_length=10_000)
-    filter: MetadataFilter | None = Field(
+    ks: Annotated[list[Annotated[int, Field(ge=1, le=MAX_K)]], JsonOnly] = Field(
+        [1, 2, 4, 8],
+        min_length=1,
+        max_length=MAX_EVALUATE_KS,
+        description="the K of Recall@K (JSON only)",
+    )
+    queries: Annotated[list[LabelledQuery] | None, JsonOnly] = Field(
+        None, max_length=MAX_EVALUATE_QUERIES, description="mode queries: the queries (JSON only)"
+    )
+    filter: Annotated[MetadataFilter | None, JsonText] = Field(
         None, description="only the labelled items whose metadata satisfy it take part"
     )
 
     @model_validator(mode="after")
     def _check(self) -> EvaluateRequest:
-        if any(k < 1 or k > MAX_K for k in self.ks):
-            raise ValueError(f"every k must be between 1 and {MAX_K}")
         if self.mode == "queries" and not self.queries:
             raise ValueError("mode 'queries' needs a non-empty 'queries' list")
         if self.mode == "leave-one-out" and self.queries:

@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from index.images import DEFAULT_MAX_PIXELS
 
+from .schemas import MAX_K
+
 MIN_KEY_LENGTH = 12
 
 
@@ -84,7 +86,7 @@ class Settings(BaseSettings):
         description="memory all image decodes in flight may hold together; an image that "
         "needs more alone gets 413, others wait for their share",
     )
-    max_k: int = Field(1000, ge=1, le=1000, description="largest k a search may ask for")
+    max_k: int = Field(MAX_K, ge=1, le=MAX_K, description="largest k a search may ask for")
     max_concurrency: int = Field(
         512, ge=1, description="requests in flight; more get 503 at once (probes exempt)"
     )

@@ -74,18 +74,22 @@ without one is a StoreError.
 """
 
 from .core import AUTO_COMPACT_FRACTION, IndexStore
-from .errors import KeyExistsError, StoreError
+from .errors import DamagedIndexError, KeyExistsError, StoreError
 from .items import Hit, ItemRecord
+from .journal import JournalWriteError
 from .upgrade import upgrade
-from .vectors import suggest_factory
+from .vectors import new_faiss_index, suggest_factory
 
 __all__ = [
     "AUTO_COMPACT_FRACTION",
+    "DamagedIndexError",
     "Hit",
     "IndexStore",
     "ItemRecord",
+    "JournalWriteError",
     "KeyExistsError",
     "StoreError",
+    "new_faiss_index",
     "suggest_factory",
     "upgrade",
 ]

@@ -22,23 +22,24 @@ from index.store import StoreError
 
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses
-from ..inputs import decode_base64, openapi_body, read_body
+from ..inputs import RequestBody, decode_base64
 from ..schemas import EvaluateRequest, LabelledQuery
 from ..state import ServiceState, Timings
 
 router = APIRouter(prefix="/v1", tags=["evaluate"], dependencies=[ReadAccess])
 _EMBED_WINDOW = 64
+EVALUATE_BODY = RequestBody(EvaluateRequest, image_field=None)
 
 
 @router.post(
     "/evaluate",
     summary="Recall@K, mAP, MAP@R and R-Precision over the labelled items",
-    openapi_extra=openapi_body(EvaluateRequest, None),
+    openapi_extra=EVALUATE_BODY.openapi(),
     response_model=dict[str, Any],
     responses=error_responses(400, 401, 413, 415, 422, 429),
 )
 async def evaluate(request: Request, state: ServiceDep) -> dict[str, Any]:
-    body, _ = await read_body(request, EvaluateRequest, image_field=None)
+    body, _ = await EVALUATE_BODY.read(request)
     # exact ranking is O(n^2) CPU: one evaluation at a time, others are told to wait
     if state.evaluating.locked():
         raise ApiError(

@@ -20,26 +20,21 @@ from PIL import Image
 from pydantic import AfterValidator
 
 from index.images import open_image
-from index.store import KeyExistsError, StoreError
-from index.store.errors import DamagedIndexError
-from index.store.journal import JournalWriteError
+from index.store import DamagedIndexError, JournalWriteError, KeyExistsError, StoreError
 
 from ..deps import ReadAccess, ServiceDep, WriteAccess
 from ..errors import ApiError, error_responses
-from ..inputs import IMAGE_PART, openapi_body, read_body
-from ..schemas import KEY_PATTERN, ItemCreate, ItemDeleted, ItemOut, ItemWritten
+from ..inputs import RequestBody
+from ..schemas import ItemCreate, ItemDeleted, ItemOut, ItemWritten
 from ..state import Timings
 from ..text import checked_lookup_key
 
 router = APIRouter(prefix="/v1/items", tags=["items"])
 
-_ITEM_FORM = {
-    "image": IMAGE_PART,
-    "key": {"type": "string", "pattern": KEY_PATTERN},
-    "label": {"type": "string"},
-    "metadata": {"type": "string", "description": "a JSON object"},
-    "replace": {"type": "boolean", "default": False},
-}
+ITEM_BODY = RequestBody(ItemCreate, form_needs_image=True)
+"""An item's vector is JSON only: a form adds an image."""
+MIN_THUMBNAIL_SIZE = 16
+MAX_THUMBNAIL_SIZE = 512
 KeyPath = Annotated[
     str,
     PathParam(description="the item's key (slashes allowed)"),
@@ -53,11 +48,11 @@ KeyPath = Annotated[
     response_model=ItemWritten,
     summary="Add an item (image or vector) under a key",
     dependencies=[WriteAccess],
-    openapi_extra=openapi_body(ItemCreate, _ITEM_FORM),
+    openapi_extra=ITEM_BODY.openapi(),
     responses=error_responses(400, 401, 403, 409, 413, 415, 422, 503),
 )
 async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
-    item, image = await read_body(request, ItemCreate)
+    item, image = await ITEM_BODY.read_one(request)
     if (image is None) == (item.vector is None):
         raise ApiError(422, "invalid_request", "give exactly one of: an image, or a vector")
     if image is not None:
@@ -99,7 +94,10 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
 async def thumbnail(
     key: KeyPath,
     state: ServiceDep,
-    size: Annotated[int, Query(ge=16, le=512, description="longest side, pixels")] = 160,
+    size: Annotated[
+        int,
+        Query(ge=MIN_THUMBNAIL_SIZE, le=MAX_THUMBNAIL_SIZE, description="longest side, pixels"),
+    ] = 160,
 ) -> Response:
     record = await state.index.get(key)
     if record is None:

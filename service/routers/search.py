@@ -20,14 +20,12 @@ from index.store import StoreError
 
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses
-from ..inputs import IMAGE_PART, ImageUpload, openapi_body, read_body, read_body_images
+from ..inputs import ImageUpload, RequestBody
 from ..schemas import (
-    FILTER_DESCRIPTION,
     MAX_QUERY_IMAGES,
     EmbedRequest,
     EmbedResponse,
     HitOut,
-    Rerank,
     SearchRequest,
     SearchResponse,
 )
@@ -35,38 +33,19 @@ from ..state import ServiceState, Timings
 
 router = APIRouter(prefix="/v1", tags=["search"], dependencies=[ReadAccess])
 
-_SEARCH_FIELDS = SearchRequest.model_json_schema()["properties"]
-_SEARCH_FORM = {
-    "image": {
-        "type": "array",
-        "items": IMAGE_PART,
-        "minItems": 1,
-        "maxItems": MAX_QUERY_IMAGES,
-        "description": "the image file; repeat the field for several images searched as "
-        f"one query (at most {MAX_QUERY_IMAGES}, see fusion)",
-    },
-    "k": _SEARCH_FIELDS["k"],
-    "label": {"type": "string"},
-    "key": {"type": "string"},
-    "filter": {"type": "string", "description": f"JSON text: {FILTER_DESCRIPTION}"},
-    "fusion": _SEARCH_FIELDS["fusion"],
-    "rerank": {
-        "type": "string",
-        "description": f"JSON text, {Rerank(method='aqe').model_dump_json()}: "
-        + _SEARCH_FIELDS["rerank"]["description"],
-    },
-}
+SEARCH_BODY = RequestBody(SearchRequest, max_images=MAX_QUERY_IMAGES)
+EMBED_BODY = RequestBody(EmbedRequest, form_needs_image=True)
 
 
 @router.post(
     "/search",
     response_model=SearchResponse,
     summary="Find the indexed items most similar to an image (or images), a key or a vector",
-    openapi_extra=openapi_body(SearchRequest, _SEARCH_FORM),
+    openapi_extra=SEARCH_BODY.openapi(),
     responses=error_responses(400, 401, 404, 413, 415, 422),
 )
 async def search(request: Request, state: ServiceDep) -> SearchResponse:
-    query, images = await read_body_images(request, SearchRequest, max_images=MAX_QUERY_IMAGES)
+    query, images = await SEARCH_BODY.read(request)
     if query.k > state.settings.max_k:
         raise ApiError(422, "invalid_request", f"k must be <= {state.settings.max_k}")
     given = [bool(images), query.key is not None, query.vector is not None]
@@ -140,11 +119,11 @@ async def _search(
     "/embed",
     response_model=EmbedResponse,
     summary="Embed one image with the served model",
-    openapi_extra=openapi_body(EmbedRequest, {"image": IMAGE_PART}),
+    openapi_extra=EMBED_BODY.openapi(),
     responses=error_responses(400, 401, 413, 415, 422),
 )
 async def embed(request: Request, state: ServiceDep) -> EmbedResponse:
-    _, image = await read_body(request, EmbedRequest)
+    _, image = await EMBED_BODY.read_one(request)
     if image is None:
         raise ApiError(
             422,
