@@ -116,6 +116,9 @@ def test_existing_run_needs_resume(tmp_path, capsys):
         (["--pool-groups", "3"], "cannot be split into 3 groups"),
         (["--dim", "0"], "--dim must be >= 1"),
         (["--pretrained", "/nonexistent/w.safetensors"], "not found"),
+        (["--loss", "triplet", "--mining", "nope"], "--mining must be one of all | batch_hard"),
+        (["--loss", "triplet", "--samples-per-class", "1"], "--samples-per-class must be >= 2"),
+        (["--loss", "triplet", "--classes-per-batch", "0"], "--classes-per-batch must be >= 1"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, capsys, args, needle):
@@ -285,6 +288,15 @@ def test_triplet_loss_trains_with_class_balanced_batches(tmp_path, capsys):
     assert saved["sampler"] == "pk" and saved["mining"] == "batch_hard"
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert row["loss"] > 0 and row["recall@1"] > 0.2
+
+
+def test_more_classes_per_batch_than_classes_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["fit", "--dataset", "digits", "--pool", "avg", "--loss", "triplet", "--out", str(run)]
+    assert main([*args, "--classes-per-batch", "11", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "--classes-per-batch 11 is larger than the 10 classes" in err.strip().splitlines()[-1]
 
 
 def test_recipe_runs_stages_in_order(tmp_path, capsys):

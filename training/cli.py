@@ -59,7 +59,8 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 def _fit(args: argparse.Namespace) -> int:
     from .backbones import vit_names
-    from .trainer import CONFIG_FILE, TrainingError, fit
+    from .run_folder import CONFIG_FILE, TrainingError
+    from .trainer import fit
 
     if args.list_backbones:
         print("\n".join(vit_names()))
@@ -104,8 +105,7 @@ def _first_missing(path: Path) -> Path | None:
 
 
 def _holds_value(folder: Path) -> bool:
-    from .pretrain_config import PRETRAIN_FILE
-    from .trainer import CONFIG_FILE
+    from .run_folder import CONFIG_FILE, PRETRAIN_FILE
 
     worthless = {CONFIG_FILE, PRETRAIN_FILE}
     return any(not path.is_dir() and path.name not in worthless for path in folder.rglob("*"))
@@ -126,8 +126,8 @@ def _resumed_config(args: argparse.Namespace, cls: type, filename: str) -> Any:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from .pretrain import pretrain
-    from .pretrain_config import PRETRAIN_FILE, PretrainConfig
-    from .trainer import TrainingError
+    from .pretrain_config import PretrainConfig
+    from .run_folder import PRETRAIN_FILE, TrainingError
 
     if args.resume:
         cfg = _resumed_config(args, PretrainConfig, PRETRAIN_FILE)
@@ -143,7 +143,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 def _fit_recipe(args: argparse.Namespace, fit) -> int:
     """Run the stages of a recipe file in order, each initialised from the one before."""
-    from .trainer import TrainingError
+    from .run_folder import TrainingError
 
     recipe = _load_recipe(args.recipe)
     if not args.out:

@@ -254,6 +254,13 @@ class FitConfig:
         check_decode_cache(self.decode_cache, self.decode_cache_dir)
         if self.sampler not in (None, "random", "pk"):
             raise ConfigError(f"--sampler must be random or pk, got {self.sampler!r}")
+        if self.sampler == "pk" and self.classes_per_batch < 1:
+            raise ConfigError(f"--classes-per-batch must be >= 1, got {self.classes_per_batch}")
+        if self.sampler == "pk" and self.samples_per_class < 2:
+            raise ConfigError(
+                "--samples-per-class must be >= 2 (every image needs a positive), "
+                f"got {self.samples_per_class}"
+            )
         if self.method not in METHODS:
             raise ConfigError(
                 f"unknown --method {self.method!r}; choose one of: {', '.join(METHODS)}"

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from .run_folder import CHECKPOINT_DIR, STATE_FILE
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 
@@ -205,7 +207,7 @@ def _checked(batches: Iterator) -> Iterator:
 def checkpoint_epoch(run: Path) -> tuple[int, str | None] | None:
     """(epoch, stage) of the checkpoint in `run` (None: no readable checkpoint)."""
     try:
-        state = json.loads((Path(run) / "checkpoint" / "state.json").read_text())
+        state = json.loads((Path(run) / CHECKPOINT_DIR / STATE_FILE).read_text())
         return int(state["epoch"]), state.get("stage")
     except (OSError, ValueError, KeyError, TypeError):
         return None

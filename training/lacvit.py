@@ -1,15 +1,17 @@
 """LaCViT's two-stage training and its cross-entropy baseline (`fit --method lacvit | ce`).
 
-LaCViT (papers/001, "Label-aware contrastive training" and "Task head fine-tuning"):
+LaCViT (docs/papers.md; the paper's "Label-aware contrastive training" and "Task head
+fine-tuning"):
 
 Stage 1, `contrastive` (`--epochs`): each image of a batch of B is augmented twice
 (training/augment.py); the 2B views go through the encoder f, the EmbeddingModel
 (backbone, pooling, optional `--dim` projection, L2 norm: exactly what is exported), to
 h = f(x), (2B, D); then through the projection head of the paper's "Nonlinear
 projection head" paragraph, z = g(h) = W2 relu(W1 h), (2B, 128), L2-normalised; and
-into SupConLoss at tau 0.1, the paper's "Contrastive Training Objective" equation
-(training/losses/supcon.py), over the 2B flattened views with the labels repeated, so
-an image's other view is one of its positives. The head g is then dropped:
+into SupConLoss at tau `--temperature` (default: SupConOptions.temperature, LaCViT's),
+the paper's "Contrastive Training Objective" equation (training/losses/supcon.py), over
+the 2B flattened views with the labels repeated, so an image's other view is one of its
+positives. The head g is then dropped:
 RUN/model.safetensors holds the encoder only.
 
 Stage 2, `probe` (`--probe-epochs`): the encoder is frozen (eval mode, no gradients)

@@ -213,7 +213,11 @@ class FlagOption:
 
     def violated(self, value: Any) -> str | None:
         """The broken rule ("must be >= 1, got 0") of a given value, or None."""
-        if value is None or self.bound is None:
+        if value is None:
+            return None
+        if self.choices and value not in self.choices:
+            return f"must be one of {' | '.join(self.choices)}, got {value!r}"
+        if self.bound is None:
             return None
         op, limit = self.bound
         ok = value > limit if op == ">" else value >= limit

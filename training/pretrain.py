@@ -1,6 +1,6 @@
 """`vitrieval-train pretrain`: self-supervised pretraining on a folder of unlabelled images.
 
-DenseCL++ (papers/003) and its two baselines, on two augmented views of every image
+DenseCL++ (docs/papers.md) and its two baselines, on two augmented views of every image
 (random resized crop, flip, colour jitter, grayscale, Gaussian blur; SimCLR's set):
 
     densecl++   (1 - lambda) L_g + lambda L_d, L_d with dense negatives: one random token
@@ -13,8 +13,9 @@ DenseCL++ (papers/003) and its two baselines, on two augmented views of every im
 plus gamma L_r (eq. 5) with `--recon-weight gamma` > 0: an L1 reconstruction of the
 normalised input view from the dense projections (appendix B, eq. 4). L_g is
 InfoNCELoss on the global head's output, L_d DenseContrastiveLoss on the dense
-head's (training/losses/), both at one temperature `--temperature` (default 0.1,
-SimCLR's; the paper does not state its tau). Heads: training/selfsup_heads.py.
+head's (training/losses/), both at one temperature `--temperature` (default:
+InfoNCEOptions.temperature in training/options.py, SimCLR's; the paper does not state
+its tau). Heads: training/selfsup_heads.py.
 
 The run folder works with the rest of the tool chain: `config.yaml` is the FitConfig
 of the embedding model (backbone, pooling `--global-pool`, avg by default: the mean

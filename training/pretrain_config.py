@@ -9,7 +9,7 @@ embedding model it produces is described by a FitConfig in RUN/config.yaml
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import yaml
@@ -25,11 +25,25 @@ from .config import (
     decode_cache_option,
     opt,
 )
-from .run_folder import PRETRAIN_FILE as PRETRAIN_FILE  # training/cli.py reads it from here
+from .options import (
+    NEGATIVES,
+    DenseContrastiveOptions,
+    InfoNCEOptions,
+    default_cross_view_negatives,
+)
 
 PRETRAIN_METHODS = ("densecl++", "simclr", "densecl")
 DENSE_WEIGHT = {"densecl++": 0.9, "densecl": 0.3, "simclr": 0.0}
 """lambda per method: DenseCL++'s best (Fig. 3), DenseCL's best in the paper's sweep."""
+DENSECL_PP_NEGATIVES = tuple(n for n in NEGATIVES if n != "densecl")
+"""The dense negatives `--method densecl++` takes; densecl's are its own ("densecl")."""
+METHOD_NEGATIVES = {"densecl++": DENSECL_PP_NEGATIVES, "densecl": ("densecl",), "simclr": (None,)}
+"""The --negatives each method allows (simclr: none)."""
+
+
+def _dense_help(name: str) -> str:
+    """The help of DenseContrastiveOptions' option `name`, declared in training/options.py."""
+    return next(f.metadata["help"] for f in fields(DenseContrastiveOptions) if f.name == name)
 
 
 @dataclass
@@ -53,13 +67,16 @@ class PretrainConfig:
         "lambda of (1 - lambda) L_g + lambda L_d (default: densecl++ 0.9, densecl 0.3, simclr 0)",
         flags=("--lambda",),
     )
-    temperature: float = opt("tau of the global and dense InfoNCE losses", 0.1)
-    negatives: str | None = opt("densecl++ dense negatives: random | guided (default: random)")
-    candidates: int = opt("guided: number M of candidate negative sets", 256)
-    beta: float = opt("guided: similarity threshold of eq. 3", 0.5)
-    cross_view_negatives: int | None = opt(
-        "N least similar tokens of the positive view as extra negatives (default: 64 guided, 0)"
+    temperature: float = opt(
+        "tau of the global and dense InfoNCE losses", InfoNCEOptions.temperature
     )
+    negatives: str | None = opt(
+        f"densecl++ dense negatives: {' | '.join(DENSECL_PP_NEGATIVES)} "
+        f"(default: {DenseContrastiveOptions.negatives})"
+    )
+    candidates: int = opt(_dense_help("candidates"), DenseContrastiveOptions.candidates)
+    beta: float = opt(_dense_help("beta"), DenseContrastiveOptions.beta)
+    cross_view_negatives: int | None = opt(_dense_help("cross_view_negatives"))
     recon_weight: float = opt("gamma of the auxiliary L1 reconstruction loss (0: off)", 0.0)
     # optimisation
     epochs: int = opt("training epochs", 100)
@@ -86,9 +103,12 @@ class PretrainConfig:
         if cfg.dense_weight is None:
             cfg.dense_weight = DENSE_WEIGHT.get(cfg.method, 0.0)
         if cfg.negatives is None:
-            cfg.negatives = {"densecl++": "random", "densecl": "densecl"}.get(cfg.method)
+            cfg.negatives = {
+                "densecl++": DenseContrastiveOptions.negatives,
+                "densecl": "densecl",
+            }.get(cfg.method)
         if cfg.cross_view_negatives is None:
-            cfg.cross_view_negatives = 64 if cfg.negatives == "guided" else 0
+            cfg.cross_view_negatives = default_cross_view_negatives(cfg.negatives)
         if cfg.workers is None:
             cfg.workers = min(4, max(1, (os.cpu_count() or 2) - 1))
         return cfg
@@ -101,11 +121,10 @@ class PretrainConfig:
             raise ConfigError(
                 f"unknown --method {self.method!r}; choose one of: {', '.join(PRETRAIN_METHODS)}"
             )
-        allowed = {"densecl++": ("random", "guided"), "densecl": ("densecl",), "simclr": (None,)}
-        if self.negatives not in allowed[self.method]:
+        if self.negatives not in METHOD_NEGATIVES[self.method]:
             raise ConfigError(
                 f"--negatives {self.negatives} does not apply to --method {self.method}"
-                + (" (random | guided)" if self.method == "densecl++" else "")
+                + (f" ({' | '.join(DENSECL_PP_NEGATIVES)})" if self.method == "densecl++" else "")
             )
         if self.method == "simclr" and (self.dense_weight or self.recon_weight):
             raise ConfigError("simclr has no dense head: --lambda and --recon-weight must be 0")

@@ -28,7 +28,6 @@ from .losses import create_loss
 from .model import EmbeddingModel
 from .optim import param_groups
 from .plots import plot_curves
-from .run_folder import CONFIG_FILE as CONFIG_FILE  # training/cli.py reads it from here
 from .run_folder import (
     CURVES_FILE,
     TrainingError,
@@ -92,6 +91,12 @@ def prepare_run(cfg: FitConfig, resume: bool) -> Prepared:
     write_skipped(run, bad_train + bad_test)
     if not train_items:
         raise TrainingError(f"{split.name}: no readable training images")
+    classes = len({item.label for item in train_items})
+    if cfg.sampler == "pk" and cfg.classes_per_batch > classes:
+        raise TrainingError(
+            f"--classes-per-batch {cfg.classes_per_batch} is larger than the {classes} classes "
+            f"of {split.name}'s training images (the P x K sampler needs P distinct classes)"
+        )
     if split.test and not test_items:
         raise TrainingError(f"{split.name}: no readable held-out images to evaluate on")
     if not split.test:
