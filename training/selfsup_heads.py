@@ -5,7 +5,7 @@ The encoder is the project's EmbeddingModel (backbone + `avg` or `cls` pooling, 
 pretraining heads sit on top of it and are discarded afterwards:
 
 - global head: pooled vector h (N, C) -> 3-layer MLP -> (N, 128), L2-normalised
-  (papers/003 sec. 4: "a 3 layer MLP ... output dimension of 128");
+  (the DenseCL++ paper, sec. 4: "a 3 layer MLP ... output dimension of 128");
 - dense head: the same MLP applied to every patch token (N, T, C) -> (N, T, 128),
   L2-normalised; its BatchNorm pools statistics over all N x T tokens, which is
   DenseCL's 1x1-convolution head written on token sequences;

@@ -1,4 +1,5 @@
-"""Dense contrastive loss: DenseCL's (papers/003 eq. 1) and DenseCL++'s (eq. 2, 3).
+"""Dense contrastive loss: DenseCL's (eq. 1 of the DenseCL++ paper, docs/papers.md) and
+DenseCL++'s (eq. 2, 3).
 
 Inputs are two views per image, views i and i + B of image i, and p(a) = (a + B) mod 2B
 is the other view of anchor view a's image:

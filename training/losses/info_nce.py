@@ -1,6 +1,6 @@
 """Global InfoNCE over two views per image: SimCLR's NT-Xent, DenseCL++'s L_g.
 
-DenseCL++ (papers/003, sec. 3.1) trains the global representation with "the global
+DenseCL++ (docs/papers.md; its sec. 3.1) trains the global representation with "the global
 InfoNCE loss term L_{i,g}" (Oord et al. 2018) in SimCLR's in-batch form (Chen et al.
 2020, eq. 1 there): with z the 2B L2-normalised projected views, views i and i + B
 the two augmentations of image i, p(i) = (i + B) mod 2B the other view of anchor i's
