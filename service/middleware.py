@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import CLIENT_CLOSED_REQUEST, ApiError, error_response
 from .metrics import ServiceMetrics
+from .settings import Settings
 
 DRAIN_FACTOR = 4
 """An oversized body up to this multiple of the limit is read and dropped so that the
@@ -61,6 +62,9 @@ class _BodyTimeout(ApiError):
         )
 
 
+_SETTINGS = Settings.model_fields  # the defaults of the limits, stated once there
+
+
 class LimitsMiddleware:
     """The request edge described in the module docstring."""
 
@@ -71,8 +75,8 @@ class LimitsMiddleware:
         max_body_bytes: int,
         timeout_s: float,
         body_timeout_s: float | None = None,
-        upload_slots: int = 64,
-        max_concurrency: int = 512,
+        upload_slots: int = _SETTINGS["upload_slots"].default,
+        max_concurrency: int = _SETTINGS["max_concurrency"].default,
         max_body_memory_bytes: int | None = None,
     ) -> None:
         self.app = app
