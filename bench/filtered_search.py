@@ -69,7 +69,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -79,7 +78,7 @@ from typing import Any
 
 import faiss
 import numpy as np
-from machine import cpu_model  # bench/machine.py (scripts run from bench/)
+from machine import cpu_model, git, load_average  # bench/machine.py (scripts run from bench/)
 
 from index.store import IndexStore, filtering
 from index.store.filters import parse_filter
@@ -621,15 +620,6 @@ def markdown(results: list[Row], n: int, dim: int, queries: int) -> str:
         ]
     head = f"N = {n:,}, d = {dim}, k = {K}, {queries} single queries per cell"
     return head + "\n\n" + "\n".join(parts)
-
-
-def git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else "?"
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
@@ -15,3 +19,14 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def git(*args: str) -> str:
+    """`git ARGS` in the repository, its output stripped ("?" when it fails)."""
+    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "?"
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as /proc/loadavg gives them."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])

@@ -65,7 +65,7 @@ from typing import Any
 
 import faiss
 import numpy as np
-from machine import cpu_model  # bench/machine.py (scripts run from bench/)
+from machine import cpu_model, git, load_average  # bench/machine.py (scripts run from bench/)
 from search_qps import CLUSTERS, SEED, D, make_mixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -786,15 +786,6 @@ def markdown(results: dict[str, Row], n: int) -> str:
             ),
         ]
     return "\n".join(parts) + "\n"
-
-
-def git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else "?"
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
