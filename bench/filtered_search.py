@@ -85,7 +85,6 @@ from index.store.filters import parse_filter
 from index.store.search import allowed_in
 from index.store.vectors import capped
 
-REPO = Path(__file__).resolve().parent.parent
 K = 10
 SEED = 20240611
 CLUSTERS = 4096
