@@ -39,6 +39,7 @@ from .images import (
 )
 from .model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata, ModelMetadataError
 from .preprocess import Preprocessor
+from .vips_decode import decoder_setting
 
 logger = logging.getLogger("vitrieval.embedder")
 
@@ -94,6 +95,7 @@ class Embedder:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        decoder_setting()  # a bad VITRIEVAL_DECODER: one error now, not one per image
         self.model_path = Path(model_path)
         self.batch_size = batch_size
         self.decode_threads = decode_threads or min(4, os.cpu_count() or 1)

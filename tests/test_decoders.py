@@ -389,3 +389,29 @@ def test_wider_images_and_panoramas_stay_with_pillow() -> None:
     assert not vips_decode.handles(png((width + 1, width // 2)), 2)
     assert not vips_decode.handles(png((3001, 1000)), 2)  # beyond 3:1
     assert not vips_decode.handles(png((1000, 3001)), 2)
+
+
+def test_a_bad_decoder_setting_is_one_error_at_start(
+    monkeypatch, tiny_onnx, tmp_path, capsys
+) -> None:
+    from index.cli import main
+    from index.embedder import Embedder
+
+    monkeypatch.setenv(vips_decode.DECODER_ENV, "magick")
+    with pytest.raises(ValueError, match="VITRIEVAL_DECODER='magick'"):
+        Embedder(tiny_onnx)  # before any image, not one decode error per image
+    image = tmp_path / "a.png"
+    Image.new("RGB", (40, 40)).save(image)
+    code = main(
+        [
+            "embed",
+            "--model",
+            str(tiny_onnx),
+            "--images",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "e"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "VITRIEVAL_DECODER='magick'" in err
