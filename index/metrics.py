@@ -142,7 +142,7 @@ def _as_labels(labels: object, n: int, name: str) -> list[Hashable]:
     return values
 
 
-def check_ks(ks: object) -> list[int]:
+def _check_ks(ks: object) -> list[int]:
     if isinstance(ks, numbers.Integral | str | bytes):
         raise ValueError(f"ks must be a sequence of positive ints, e.g. (1, 2, 4, 8); got {ks!r}")
     try:
@@ -158,7 +158,7 @@ def check_ks(ks: object) -> list[int]:
     return out
 
 
-def relevant_ranks(row: np.ndarray, rel: np.ndarray) -> np.ndarray:
+def _relevant_ranks(row: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """Ranks (1-based, ascending) of the gallery items `rel` in the ranking of `row`.
 
     row: (N,) float32 scores; an excluded item (the query itself) holds -inf, so it
@@ -282,9 +282,14 @@ def query_metrics(
     gallery_embeddings: np.ndarray | None = None,
     gallery_labels: Sequence | np.ndarray | None = None,
     chunk_size: int = 1024,
+    own_row_out: bool = False,
 ) -> QueryMetrics:
-    """`retrieval_metrics` per query, before averaging: same arguments and errors."""
-    k_list = check_ks(ks)
+    """`retrieval_metrics` per query, before averaging: same arguments and errors.
+
+    `own_row_out`, with a gallery: query i is gallery row i under another vector (a
+    re-ranked query), so row i is left out of its ranking and relevant items, as in
+    leave-one-out."""
+    k_list = _check_ks(ks)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
         raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
     if chunk_size < 1:
@@ -312,6 +317,12 @@ def query_metrics(
                 f"dimension {queries.shape[1]}"
             )
         g_labels = _as_labels(gallery_labels, gallery.shape[0], "gallery_labels")
+        if own_row_out:
+            if gallery.shape[0] != n_q:
+                raise ValueError(
+                    f"own_row_out needs one query per gallery row; got {n_q} and {gallery.shape[0]}"
+                )
+            leave_one_out = True
     n_g = gallery.shape[0]
 
     # Integer class codes; -1 marks a query label absent from the gallery.
@@ -356,7 +367,7 @@ def query_metrics(
             n_rel = rel.shape[0]
             if n_rel == 0:
                 continue
-            ranks = relevant_ranks(scores[r], rel)
+            ranks = _relevant_ranks(scores[r], rel)
             hit_no = np.arange(1, n_rel + 1)
             precision_at_hits = hit_no / ranks
             counted[i] = True
@@ -452,7 +463,7 @@ def target_metrics(ranks: Sequence[int] | np.ndarray, ks: Sequence[int] = (1, 2,
     (mean of 1 / rank: AP with a single relevant item), ``median_rank`` and
     ``n_queries``. No queries: the metrics are NaN and ``n_queries`` is 0.
     """
-    k_list = check_ks(ks)
+    k_list = _check_ks(ks)
     r = np.asarray(ranks, dtype=np.int64).reshape(-1)
     if r.size and r.min() < 1:
         raise ValueError("ranks are 1-based; got a rank below 1")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .metrics import QueryMetrics, check_ks, relevant_ranks
+from .metrics import QueryMetrics, query_metrics
 
 DEFAULT_AQE_NEIGHBOURS = 2
 DEFAULT_AQE_ALPHA = 3.0
@@ -326,46 +326,14 @@ def leave_one_out_metrics(
     q, g = _matrix(queries, "queries"), _matrix(gallery, "gallery")
     if q.shape != g.shape:
         raise ValueError(f"leave-one-out needs one query per gallery row; got {q.shape}, {g.shape}")
-    k_list = check_ks(ks)
-    codes: dict[Hashable, int] = {}
-    values = labels.tolist() if isinstance(labels, np.ndarray) else list(labels)
-    if len(values) != len(g):
-        raise ValueError(f"{len(values)} labels for {len(g)} gallery rows")
-    code = np.array([codes.setdefault(v, len(codes)) for v in values], dtype=np.int64)
-    by_class = np.argsort(code, kind="stable")
-    class_start = np.concatenate(([0], np.cumsum(np.bincount(code, minlength=len(codes)))))
-    n_q, k_arr = len(q), np.asarray(k_list, dtype=np.int64)
-    first_rank = np.zeros(n_q, dtype=np.int64)
-    hits_at_k = np.zeros((n_q, len(k_list)), dtype=np.int64)
-    ap, map_r, r_prec = np.zeros(n_q), np.zeros(n_q), np.zeros(n_q)
-    counted = np.zeros(n_q, dtype=bool)
-    rows = _chunk_rows(len(g), chunk)
-    for start in range(0, n_q, rows):
-        stop = min(start + rows, n_q)
-        block = q[start:stop] @ g.T
-        block[np.arange(stop - start), np.arange(start, stop)] = -np.inf
-        for r, i in enumerate(range(start, stop)):
-            rel = by_class[class_start[code[i]] : class_start[code[i] + 1]]
-            rel = rel[rel != i]
-            if rel.size == 0:
-                continue
-            ranks = relevant_ranks(block[r], rel)
-            precision_at_hits = np.arange(1, rel.size + 1) / ranks
-            in_top_r = int(np.searchsorted(ranks, rel.size, side="right"))
-            counted[i] = True
-            first_rank[i] = ranks[0]
-            hits_at_k[i] = np.searchsorted(ranks, k_arr, side="right")
-            ap[i] = precision_at_hits.mean()
-            r_prec[i] = in_top_r / rel.size
-            map_r[i] = precision_at_hits[:in_top_r].sum() / rel.size
-    return QueryMetrics(
-        ks=tuple(k_list),
-        first_rank=first_rank,
-        hits_at_k=hits_at_k,
-        ap=ap,
-        map_at_r=map_r,
-        r_precision=r_prec,
-        counted=counted,
+    return query_metrics(
+        q,
+        labels,
+        ks,
+        gallery_embeddings=g,
+        gallery_labels=labels,
+        chunk_size=_chunk_rows(len(g), chunk),
+        own_row_out=True,
     )
 
 
