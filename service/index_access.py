@@ -34,16 +34,6 @@ class IndexAccess(Protocol):
 
     async def contains(self, key: str) -> bool: ...
 
-    async def search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None,
-        exclude_keys: Sequence[str],
-        filter: Filter = None,
-    ) -> list[list[Hit]]: ...
-
     async def ranked_search(
         self,
         queries: np.ndarray,
@@ -54,8 +44,9 @@ class IndexAccess(Protocol):
         filter: Filter = None,
         augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
-        """`search`, each hit with its item id (what orders equal scores); `augmented`
-        ranks against the index's DBA vectors."""
+        """The top-k items of each query with their item ids (what orders equal
+        scores), as `IndexStore.ranked_search` gives them; `augmented` ranks against
+        the index's DBA vectors."""
         ...
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
@@ -96,19 +87,6 @@ class LocalIndex:
 
     async def contains(self, key: str) -> bool:
         return await asyncio.to_thread(self.store.__contains__, key)
-
-    async def search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None,
-        exclude_keys: Sequence[str],
-        filter: Filter = None,
-    ) -> list[list[Hit]]:
-        return await asyncio.to_thread(
-            self.store.search, queries, k, label=label, exclude_keys=exclude_keys, filter=filter
-        )
 
     async def ranked_search(
         self,

@@ -91,20 +91,6 @@ class RemoteIndex:
         handle, what = self._owner(key)
         return await remote(handle.contains.remote(key), what)
 
-    async def search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None,
-        exclude_keys: Sequence[str],
-        filter: Mapping[str, Any] | None = None,
-    ) -> list[list[Hit]]:
-        found = await self.ranked_search(
-            queries, k, label=label, exclude_keys=exclude_keys, filter=filter
-        )
-        return [[h for _, h in row] for row in found]
-
     async def ranked_search(
         self,
         queries: np.ndarray,
