@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .filtering import union
 from .filters import Match, Range
 from .items import Hit, ItemRecord, ItemTable, Row
 from .vectors import VectorIndex
@@ -127,18 +126,9 @@ class MemorySegment:
     def dead_ids(self) -> np.ndarray:
         return np.fromiter(sorted(self.tombstones), dtype=np.int64, count=len(self.tombstones))
 
-    def top_k(
-        self,
-        queries: np.ndarray,
-        k: int,
-        allowed: np.ndarray | None,
-        blocked: np.ndarray,
-        widen: float = 1.0,
-        augmented: bool = False,
-    ) -> list[list[tuple[int, float]]]:
-        if self.tombstones:
-            blocked = union(blocked, self.dead_ids())
-        return self.vectors.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
+    def searched(self, augmented: bool = False) -> VectorIndex:
+        """The FAISS index a search ranks with (no DBA set here: `augmented` or not)."""
+        return self.vectors
 
     def keys_by_id(self) -> list[tuple[int, str]]:
         rows = self.items.conn.execute("SELECT id, key FROM items WHERE deleted = 0 ORDER BY id")

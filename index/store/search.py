@@ -92,8 +92,11 @@ def _segment_top_k(
     blocked: np.ndarray,
     augmented: bool,
 ) -> list[list[tuple[int, float]]]:
+    index = segment.searched(augmented)
+    dead = segment.dead_ids()
+    blocked = filtering.union(blocked, dead) if dead.size else blocked
     if flt is None:
-        return segment.top_k(q, k, None, blocked, augmented=augmented)
+        return index.top_k(q, k, allowed=None, blocked=blocked)
     allowed = allowed_in(segment, flt)
     live = segment.live_count
     if allowed.negated:
@@ -101,7 +104,7 @@ def _segment_top_k(
         blocked = filtering.union(blocked, allowed.ids)
         matches = max(live - allowed.ids.size, 0)
         widen = _widening(segment, q, allowed, matches)
-        return segment.top_k(q, k, None, blocked, widen, augmented=augmented)
+        return index.top_k(q, k, allowed=None, blocked=blocked, widen=widen)
     ids = filtering.difference(allowed.ids, blocked)
     if ids.size == 0:
         return [[] for _ in range(len(q))]
@@ -112,7 +115,7 @@ def _segment_top_k(
         found, vectors = segment.exact_vectors(ids, augmented)
         return exact_top_k(q, found, vectors, k)
     widen = _widening(segment, q, filtering.IdSet(ids, False), ids.size)
-    return segment.top_k(q, k, ids, blocked, widen, augmented=augmented)
+    return index.top_k(q, k, allowed=ids, blocked=blocked, widen=widen)
 
 
 def _widening(segment: Segment, q: np.ndarray, allowed: filtering.IdSet, matches: int) -> float:

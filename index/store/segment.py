@@ -37,7 +37,7 @@ from ..atomic import atomic_path
 from . import fields as fx
 from . import manifest as mf
 from .errors import StoreError, faiss_reason
-from .filtering import contains, union
+from .filtering import contains
 from .filters import Match, Range
 from .items import ItemRecord
 from .memory_segment import SegmentRow
@@ -266,19 +266,9 @@ class SealedSegment:
         dead = self.tombstones
         return np.fromiter(sorted(dead), dtype=np.int64, count=len(dead))
 
-    def top_k(
-        self,
-        queries: np.ndarray,
-        k: int,
-        allowed: np.ndarray | None,
-        blocked: np.ndarray,
-        widen: float = 1.0,
-        augmented: bool = False,
-    ) -> list[list[tuple[int, float]]]:
-        if self.tombstones:
-            blocked = union(blocked, self.dead_ids())
-        index = self._view(augmented)[0]
-        return index.top_k(queries, k, allowed=allowed, blocked=blocked, widen=widen)
+    def searched(self, augmented: bool = False) -> VectorIndex:
+        """The FAISS index a search ranks with (the DBA set's with `augmented`)."""
+        return self._view(augmented)[0]
 
     def keys_by_id(self) -> list[tuple[int, str]]:
         dead = self.tombstones
