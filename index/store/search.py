@@ -125,6 +125,9 @@ def _widening(segment: Segment, q: np.ndarray, allowed: filtering.IdSet, matches
     widen = filtering.widening(matches, segment.live_count)
     if segment.vectors.exact or segment.live_count <= filtering.NEIGHBOURHOOD:
         return widen  # an exhaustive search: widening changes nothing
+    settings = segment.vectors.search_settings()
+    if "nlist" in settings and settings["nprobe"] * widen >= settings["nlist"]:
+        return widen  # every list is probed already: no neighbourhood search needed
     _, near = segment.vectors.raw_search(q, filtering.NEIGHBOURHOOD, None)
     local = filtering.local_share(near, allowed)
     return max(widen, 1.0 / max(local, 1.0 / filtering.NEIGHBOURHOOD))
