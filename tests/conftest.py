@@ -60,6 +60,32 @@ def served_index(digits_gallery: dict[str, Path], tmp_path: Path) -> Path:
     return Path(shutil.copytree(digits_gallery["index"], tmp_path / "index"))
 
 
+@pytest.fixture
+def client(digits_gallery: dict[str, Path], served_index: Path):
+    """The service in-process over a private copy of the digits gallery's index."""
+    from app_client import make_client
+
+    with make_client(digits_gallery["model"], served_index) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def gallery(digits_gallery: dict[str, Path]) -> list:
+    """The digits gallery's items (key, path, label), in list order."""
+    from index.datasets import csv_list
+
+    return csv_list(digits_gallery["list"])
+
+
+@pytest.fixture(scope="module")
+def reference(digits_gallery: dict[str, Path]):
+    """The gallery's index opened read-only: what the service must answer."""
+    from index.store import IndexStore
+
+    with IndexStore.open(digits_gallery["index"]) as store:
+        yield store
+
+
 # -- GPU tests -----------------------------------------------------------------------
 # `@pytest.mark.gpu("torch")`, `("onnxruntime")` or `("faiss")` names what a test runs
 # on the GPU; without a usable GPU build of that library it is skipped with the reason.

@@ -11,40 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_client import ODD, make_client
 from fastapi.testclient import TestClient
 
-from index.datasets import csv_list
 from index.fusion import fuse_mean
 from index.query import AQE, Where, search_store_fused
-from index.store import IndexStore
-from service.app import create_app
 from service.inputs import MAX_FORM_FIELDS
 from service.schemas import MAX_QUERY_IMAGES
-from service.settings import Settings
-
-KEY = "test-write-key"
-ODD = {"must": [{"key": "label", "match": {"any": ["1", "3", "5", "7", "9"]}}]}
-
-
-def make_client(model: Path, index: Path, **settings) -> TestClient:
-    return TestClient(create_app(Settings(model=model, index=index, api_key=KEY, **settings)))
-
-
-@pytest.fixture
-def client(digits_gallery, served_index):
-    with make_client(digits_gallery["model"], served_index) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def gallery(digits_gallery) -> list:
-    return csv_list(digits_gallery["list"])
-
-
-@pytest.fixture(scope="module")
-def reference(digits_gallery):
-    with IndexStore.open(digits_gallery["index"]) as store:
-        yield store
 
 
 def images_of(gallery, *indices: int) -> list[bytes]:

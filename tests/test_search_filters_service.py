@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_client import AUTH, KEY, ODD
 from fastapi.testclient import TestClient
 from ray_cluster import NO_RAY, ray_missing
 
-from index.datasets import csv_list
 from index.filters import MAX_FILTER_DEPTH
 from index.metrics import retrieval_metrics
 from index.query import AQE, MAX_AQE_NEIGHBOURS, Where, search_store
@@ -25,29 +25,6 @@ from index.shards import open_index
 from index.store import IndexStore, StoreError
 from service.app import create_app
 from service.settings import Settings
-
-KEY = "test-write-key"
-AUTH = {"X-API-Key": KEY}
-ODD = {"must": [{"key": "label", "match": {"any": ["1", "3", "5", "7", "9"]}}]}
-
-
-@pytest.fixture
-def client(digits_gallery, served_index):
-    settings = Settings(model=digits_gallery["model"], index=served_index, api_key=KEY)
-    with TestClient(create_app(settings)) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def gallery(digits_gallery) -> list:
-    return csv_list(digits_gallery["list"])
-
-
-@pytest.fixture(scope="module")
-def reference(digits_gallery):
-    """The gallery's index opened here (read-only): what the service must answer."""
-    with IndexStore.open(digits_gallery["index"]) as store:
-        yield store
 
 
 def keys_scores(hits: list[dict]) -> list[tuple[str, float]]:

@@ -11,35 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_client import AUTH, KEY, make_client
 from fastapi.testclient import TestClient
 from hostile_images import fuzzed, png_bomb
 from PIL import Image
 from pydantic import ValidationError
 
-from index.datasets import csv_list
 from index.embedder import Embedder
-from service.app import create_app
 from service.layout import cpu_count
 from service.settings import Settings
-
-KEY = "test-write-key"
-AUTH = {"X-API-Key": KEY}
-
-
-def make_client(model: Path, index: Path, **settings) -> TestClient:
-    settings.setdefault("api_key", KEY)
-    return TestClient(create_app(Settings(model=model, index=index, **settings)))
-
-
-@pytest.fixture
-def client(digits_gallery, served_index):
-    with make_client(digits_gallery["model"], served_index) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def gallery(digits_gallery) -> list:
-    return csv_list(digits_gallery["list"])
 
 
 def upload(data: bytes, name: str = "q.png", **fields) -> dict:
