@@ -95,9 +95,14 @@ def query(digits_gallery: dict[str, Path]) -> dict[str, str]:
 
 
 def _wait(driver, condition, message: str):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message)
+    # The page replaces #results whole when a search answers: an element found just
+    # before that is stale by the time the condition reads it, which only means "ask again".
+    return WebDriverWait(
+        driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(condition, message)
 
 
 def _open_page(driver, url: str) -> None:
@@ -114,6 +119,13 @@ def _upload(driver, path: str) -> None:
 
 def _hits(driver) -> list:
     return driver.find_elements("css selector", "#results li.hit")
+
+
+def _hit_keys(driver) -> list[str]:
+    """The shown hits' keys, read in one script call (no element can go stale between reads)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#results li.hit'), h => h.dataset.key);"
+    )
 
 
 def test_upload_shows_neighbours(browser, server: str, query: dict[str, str], tmp_path: Path):
@@ -187,15 +199,15 @@ def test_read_only_page_hides_the_key_field_and_searches_more_like_a_hit(
     _open_page(browser, server)
     assert not browser.find_element("id", "keybox").is_displayed()  # nothing to unlock
     _upload(browser, query["path"])
-    _wait(browser, lambda d: len(_hits(d)) > 1, "no results appeared in #results")
-    second = _hits(browser)[1]
-    clicked_key = second.get_attribute("data-key")
+    _wait(browser, lambda d: len(_hit_keys(d)) > 1, "no results appeared in #results")
+    clicked_key = _hit_keys(browser)[1]
     assert clicked_key != query["key"]
-    second.click()
+    hit = f'#results li.hit[data-key="{clicked_key}"]'
+    _wait(browser, lambda d: d.find_element("css selector", hit).click() or True, "no click")
     # the item's own vector is the query now, the item itself left out of its hits
     _wait(
         browser,
-        lambda d: _hits(d) and clicked_key not in [h.get_attribute("data-key") for h in _hits(d)],
+        lambda d: (keys := _hit_keys(d)) and clicked_key not in keys,
         "clicking a hit did not search for more like it",
     )
     assert f"more like {clicked_key}" in browser.find_element("id", "drop-text").text
