@@ -31,7 +31,8 @@ ones against the driver's working folder). On a cluster of several machines, `--
 and the images must be on storage every node sees at the same path (NFS, a shared
 volume); a part the driver cannot see after an actor wrote it stops the job with a
 message saying so. The nodes need vitrieval installed (the actors import it) and the
-model file at the same path.
+model file at the same path; the driver's decoder choice (`VITRIEVAL_DECODER`) goes
+to the actors with their arguments, whatever the nodes' environments say.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from index.datasets import Item
 from index.embed import EmbedJob, EmbedReport, embed_part, start_job
 from index.embedder import Embedder
 from index.embeddings import EmbeddingsError, part_name
+from index.vips_decode import DECODER_ENV, decoder_setting
 
 from .cluster import (
     ActorPlan,
@@ -80,7 +82,10 @@ class PartEmbedder:
         device: str,
         batch_size: int,
         threads: int,
+        decoder: str,
     ) -> None:
+        # the driver's decoder choice: a node of a remote cluster has its own environment
+        os.environ[DECODER_ENV] = decoder
         self.embedder = Embedder(
             model,
             device=device,
@@ -182,6 +187,7 @@ def embed_on_ray(
                 "device": "cuda" if plan.gpu else "cpu",
                 "batch_size": batch_size,
                 "threads": plan.threads,
+                "decoder": decoder_setting(),
             }
             _run(ray, job, plan, constructor, progress)
     return job.finish()

@@ -194,6 +194,25 @@ def test_a_bad_address_is_one_line(tmp_path, capsys, images, tiny_onnx, address)
     assert not (tmp_path / "emb").exists()
 
 
+def test_an_actor_decodes_with_the_drivers_decoder_whatever_its_node_says(
+    tmp_path, tiny_onnx, monkeypatch
+):
+    # a node of a remote cluster does not share the driver's environment: the driver's
+    # VITRIEVAL_DECODER travels in the actor's constructor arguments
+    from distributed.embed import PartEmbedder
+    from index.embedder import Embedder
+    from index.vips_decode import DECODER_ENV, decoder_setting
+
+    monkeypatch.setenv(DECODER_ENV, "vips")  # what the node's environment would say
+    fingerprint = Embedder(tiny_onnx, device="cpu").fingerprint
+    options = dict(model=str(tiny_onnx), fingerprint=fingerprint, out=str(tmp_path))
+    options.update(base=str(tmp_path), device="cpu", batch_size=4, threads=1)
+    PartEmbedder(**options, decoder="pillow")
+    assert decoder_setting() == "pillow"
+    with pytest.raises(ValueError, match="VITRIEVAL_DECODER='bogus'"):
+        PartEmbedder(**options, decoder="bogus")
+
+
 def test_addresses_and_the_actor_rule():
     for address in ("local", "auto", "ray://head:10001", "ray://10.0.0.1:10001"):
         assert parse_address(address) == address
