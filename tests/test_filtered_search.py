@@ -17,6 +17,7 @@ from index.filters import parse_filter
 from index.shards import open_index
 from index.shards.build import build_shard, build_sharded
 from index.store import IndexStore, StoreError
+from index.store.filtering import IdSet, neighbourhood_widening
 
 COLOURS = ("red", "blue", "green", "black", "white")
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)
@@ -295,8 +296,9 @@ def test_ivf_widens_for_a_filter_that_excludes_the_query_neighbourhood(
 ) -> None:
     # a category follows the images (here: the cluster); "every category but the
     # query's" allows 3/4 of the items but few of those near the query, so the search
-    # is widened by the filter's share of the query's unfiltered neighbours, not of the
-    # index (widening by 3/4's inverse alone gives recall@10 0.94 here)
+    # is widened by how deep the query's allowed top 10 lie among its unfiltered
+    # neighbours, not by the filter's share of the index (widening by 3/4's inverse
+    # alone gives recall@10 0.94 here)
     monkeypatch.setattr("index.store.filtering.EXACT_SEARCH_MAX", 0)
     rng = np.random.default_rng(7)
     centres = unit_vectors(rng, 256, 32)
@@ -316,3 +318,22 @@ def test_ivf_widens_for_a_filter_that_excludes_the_query_neighbourhood(
         found += store.search(q[None], 10, filter={"must_not": [{"key": "c", "match": int(c)}]})
         reference += brute_force(q[None], x, 10, category != c)
     assert recall_at_10(found, reference) >= 0.95
+
+
+def test_the_neighbourhood_widening_is_the_depth_of_the_kth_allowed_neighbour() -> None:
+    # hand-read: row 0 passes ids 7 and 9 at positions 3 and 5 (1-based) of 5 valid;
+    # row 1 passes 2 and 3 at positions 2 and 3 of 4 valid
+    near = np.array([[5, 6, 7, 8, 9, -1], [1, 2, 3, 4, -1, -1]], dtype=np.int64)
+    allowed = IdSet(np.array([2, 3, 7, 9], dtype=np.int64), False)
+    assert neighbourhood_widening(near, allowed, 1) == 3.0  # row 0: 3 / 1
+    assert neighbourhood_widening(near, allowed, 2) == 2.5  # row 0: 5 / 2 (row 1: 3 / 2)
+    # fewer than k allowed: valid / allowed (row 0: 5 / 2; row 1: 4 / 2)
+    assert neighbourhood_widening(near, allowed, 3) == 2.5
+    # negated: row 0 passes 5, 6, 8 at 1, 2, 4; row 1 passes all four
+    excluded = IdSet(np.array([7, 9], dtype=np.int64), True)
+    assert neighbourhood_widening(near, excluded, 2) == 1.0
+    assert neighbourhood_widening(near, excluded, 3) == 4 / 3
+    # none allowed: as wide as the neighbourhood read (5 valid in row 0)
+    assert neighbourhood_widening(near, IdSet(np.empty(0, np.int64), False), 1) == 5.0
+    # a filter independent of the vectors never narrows below the plain search
+    assert neighbourhood_widening(near, IdSet(np.arange(10, dtype=np.int64), False), 4) == 1.0

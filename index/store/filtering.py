@@ -13,7 +13,9 @@ allows (counted exactly from the index, which is cheap beside the search):
 - many: the segment's FAISS search with the filter as an ID selector, widened by the
   inverse of the selectivity (IVF probes nprobe / s lists, capped at nlist; HNSW
   explores efSearch / s), so that about as many allowed candidates are met as an
-  unfiltered search meets. At s = 1 this is the plain search.
+  unfiltered search meets; or wider when the queries' allowed neighbours lie deeper
+  than that (`neighbourhood_widening`: a filter that follows the vectors). At s = 1,
+  with the allowed items spread evenly, this is the plain search.
 """
 
 from __future__ import annotations
@@ -120,17 +122,36 @@ def with_label(flt: Filter | None, label: str | None) -> Filter | None:
 
 
 NEIGHBOURHOOD = 100
-"""Unfiltered neighbours per query whose allowed share sets a filtered search's width."""
+"""Unfiltered neighbours per query whose allowed ones set a filtered search's width."""
 
 
-def local_share(neighbours: np.ndarray, allowed: IdSet) -> float:
-    """The smallest share, over the queries, of their unfiltered neighbours (int64
-    (q, n) ids, -1 for none) that `allowed` lets through."""
+def neighbourhood_widening(neighbours: np.ndarray, allowed: IdSet, k: int) -> float:
+    """How much deeper than its top k a filtered query's top k lie in its unfiltered
+    neighbours (int64 (q, n) ids, -1 for none), the largest over the queries.
+
+    A query whose k-th allowed neighbour is its p-th neighbour needs an ANN search
+    about p / k times as wide to meet it (p / k = 1 / s for a filter independent of
+    the vectors, with share s). With c < k allowed among the n, the depth is
+    extrapolated as n k / c, so the widening is n / c (n when none is allowed).
+    A filter that excludes a query's whole cluster passes few of its nearest
+    neighbours while passing most of the segment: the global share says 1, this says
+    how far past the cluster the hits lie.
+    """
     valid = neighbours >= 0
     inside = contains(allowed.ids, neighbours)
     passing = (~inside if allowed.negated else inside) & valid
-    counts = np.maximum(valid.sum(axis=1), 1)
-    return float((passing.sum(axis=1) / counts).min())
+    widest = 1.0
+    for row, ok in zip(passing, valid, strict=True):
+        n = int(ok.sum())
+        if n == 0:
+            continue
+        positions = np.flatnonzero(row)
+        if positions.size >= k:
+            depth = float(positions[k - 1] + 1) / k
+        else:
+            depth = n / max(positions.size, 1)
+        widest = max(widest, depth)
+    return widest
 
 
 def widening(allowed: int, live: int) -> float:

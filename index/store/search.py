@@ -103,7 +103,7 @@ def _segment_top_k(
         # "all but a few": the plain search with those few blocked
         blocked = filtering.union(blocked, allowed.ids)
         matches = max(live - allowed.ids.size, 0)
-        widen = _widening(segment, q, allowed, matches)
+        widen = _widening(segment, q, k, allowed, matches)
         return index.top_k(q, k, allowed=None, blocked=blocked, widen=widen)
     ids = filtering.difference(allowed.ids, blocked)
     if ids.size == 0:
@@ -114,14 +114,17 @@ def _segment_top_k(
     if ids.size <= exact_max:
         found, vectors = segment.exact_vectors(ids, augmented)
         return exact_top_k(q, found, vectors, k)
-    widen = _widening(segment, q, filtering.IdSet(ids, False), ids.size)
+    widen = _widening(segment, q, k, filtering.IdSet(ids, False), ids.size)
     return index.top_k(q, k, allowed=ids, blocked=blocked, widen=widen)
 
 
-def _widening(segment: Segment, q: np.ndarray, allowed: filtering.IdSet, matches: int) -> float:
-    """How much wider a filtered ANN search looks: 1 / the lower of the filter's share
-    of the segment and its share of the queries' unfiltered neighbourhoods (a filter
-    that follows the vectors allows few items near a query, however many elsewhere)."""
+def _widening(
+    segment: Segment, q: np.ndarray, k: int, allowed: filtering.IdSet, matches: int
+) -> float:
+    """How much wider a filtered ANN search looks: 1 / the filter's share of the
+    segment or, when larger, how much deeper than k the queries' k-th allowed
+    unfiltered neighbour lies (a filter that follows the vectors allows few items near
+    a query, however many elsewhere: `filtering.neighbourhood_widening`)."""
     widen = filtering.widening(matches, segment.live_count)
     if segment.vectors.exact or segment.live_count <= filtering.NEIGHBOURHOOD:
         return widen  # an exhaustive search: widening changes nothing
@@ -129,8 +132,7 @@ def _widening(segment: Segment, q: np.ndarray, allowed: filtering.IdSet, matches
     if "nlist" in settings and settings["nprobe"] * widen >= settings["nlist"]:
         return widen  # every list is probed already: no neighbourhood search needed
     _, near = segment.vectors.raw_search(q, filtering.NEIGHBOURHOOD, None)
-    local = filtering.local_share(near, allowed)
-    return max(widen, 1.0 / max(local, 1.0 / filtering.NEIGHBOURHOOD))
+    return max(widen, filtering.neighbourhood_widening(near, allowed, k))
 
 
 def labelled_ids_allowed(segment: Segment, flt: Filter | None, ids: np.ndarray) -> np.ndarray:
