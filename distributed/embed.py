@@ -68,6 +68,13 @@ from .cluster import (
 
 logger = logging.getLogger("vitrieval.distributed")
 
+ACTOR_RESTARTS = 2
+"""Times an embedding actor whose process died (a node lost, a decoder crash, the
+kernel's OOM killer) is started again. Ray Data's default is forever, with every part
+retried forever: a part that kills its actor would loop until someone noticed."""
+PART_RETRIES = 2
+"""Times a part whose actor died is tried again, on a restarted actor."""
+
 
 class PartEmbedder:
     """One actor of the pool: an Embedder created once, then whole parts embedded and
@@ -227,6 +234,8 @@ def _run(
         num_cpus=plan.threads,
         num_gpus=1 if plan.gpu else None,
         fn_constructor_kwargs=constructor,
+        max_restarts=ACTOR_RESTARTS,
+        max_task_retries=PART_RETRIES,
     )
     bar = job.progress_bar(progress)
     try:
@@ -247,11 +256,18 @@ def _run(
 
 def _results(ray: ModuleType, dataset: Any) -> Iterator[dict[str, Any]]:
     """The dataset's rows as the actors return them. An actor that could not start (a
-    model missing or different on its node, no GPU provider) or that died is one line:
-    the error it raised, the last line of Ray's report."""
+    model missing or different on its node, no GPU provider) is one line: the error it
+    raised, the last line of Ray's report; one whose process died on a part more times
+    than the retries allow (`ACTOR_RESTARTS`, `PART_RETRIES`) is one line saying so."""
     try:
         yield from dataset.iter_rows()
     except ray.exceptions.RayError as exc:
+        if isinstance(exc, ray.exceptions.ActorDiedError) and not exc.actor_init_failed:
+            raise ClusterError(
+                f"an embedding actor's process died on a part, tried {PART_RETRIES + 1} "
+                "times (out of memory, or a crash in a decoder or the model: the Ray logs "
+                "of the node say which); the parts done are kept, and a re-run embeds the rest"
+            ) from None
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         raise ClusterError(
             f"an embedding actor failed: {lines[-1] if lines else type(exc).__name__}"

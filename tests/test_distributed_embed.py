@@ -159,6 +159,56 @@ def test_a_killed_embed_on_ray_resumes(tmp_path, capsys, images, single, tiny_on
     assert (emb / "errors.csv").read_text() == (unbroken / "errors.csv").read_text()
 
 
+ACTOR_FAULT = """
+import os, sys
+from pathlib import Path
+import distributed.embed as embed
+from index.cli import main
+
+class Faulty(embed.PartEmbedder):  # in __main__: Ray ships the class itself to the workers
+    fault = sys.argv[1]  # read here, in the driver; travels with the class
+
+    def __init__(self, **kwargs):
+        if self.fault == "init":
+            raise embed.EmbeddingsError("the model on this node is another one")
+        super().__init__(**kwargs)
+
+    def __call__(self, batch):
+        os._exit(3)  # the process dies as a segfault or the OOM killer would end it
+
+embed.PartEmbedder = Faulty
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("fault", ["call", "init"])
+def test_an_actor_that_dies_ends_the_embed_with_one_line(
+    tmp_path, images, tiny_onnx, ray_address, fault
+):
+    # Ray Data restarts a dead actor and retries its part forever by default: a part
+    # that kills its actor would hang the command; here it ends after the retries
+    emb = tmp_path / "emb"
+    argv = ["embed", "--model", tiny_onnx, "--images", images, "--out", emb]
+    argv += ["--part-size", "8", "--ray", "auto", "--actors", "1", "--actor-threads", "1"]
+    done = subprocess.run(
+        [sys.executable, "-c", ACTOR_FAULT, fault, *map(str, argv)],
+        cwd=REPO,
+        env={**os.environ, "RAY_ADDRESS": ray_address},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    if fault == "call":
+        assert "an embedding actor's process died on a part, tried 3 times" in last, last
+    else:
+        assert "the model on this node is another one" in last, last
+    meta = json.loads((emb / "embeddings.json").read_text())
+    assert meta["complete"] is False and meta["parts"] == []
+
+
 WITHOUT_RAY = """
 import sys
 sys.modules["ray"] = None  # `import ray` raises ImportError, as without the extra
