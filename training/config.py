@@ -64,6 +64,18 @@ LR = 2e-3
 SECOND_ORDER_LR = 5e-4
 """`--lr`'s default: LR, and SECOND_ORDER_LR for SECOND_ORDER_POOLS, whose codebook
 heads collapse from scratch at LR (docs/training.md, "Second-order pooling on digits")."""
+PRETRAINED_LAYER_DECAY = 0.65
+"""Layer-wise learning-rate decay when fine-tuning pretrained weights (1: none)."""
+HFLIP = 0.5
+"""Horizontal-flip probability, but for digits (0: a flipped digit is another glyph)."""
+MAX_LOADER_WORKERS = 4
+"""Data-loading processes at most, by default (digits, held in memory, use none)."""
+
+
+def default_loader_workers() -> int:
+    """`--workers`' default for image files: a process per core but one, at most
+    MAX_LOADER_WORKERS."""
+    return min(MAX_LOADER_WORKERS, max(1, (os.cpu_count() or 2) - 1))
 
 
 DECODE_CACHE_MODES = ("auto", "memory", "disk", "off")
@@ -184,21 +196,25 @@ class FitConfig:
     proxy_lr_scale: float = opt("learning-rate multiplier of the loss's class proxies", 10.0)
     weight_decay: float = opt("AdamW weight decay (not on biases, norms, tokens, p)", 0.05)
     layer_decay: float | None = opt(
-        "layer-wise lr decay (default: 0.65 with pretrained weights, else 1)"
+        f"layer-wise lr decay (default: {PRETRAINED_LAYER_DECAY} with pretrained weights, else 1)"
     )
     warmup_epochs: float = opt("linear warm-up length, in epochs", 2.0)
     min_lr_ratio: float = opt("final lr as a fraction of the peak (cosine schedule)", 0.01)
     clip_grad: float | None = opt("clip the gradient norm to this value (none: no clipping)", 1.0)
     # augmentation
     crop_scale: float = opt("smallest area share kept by the random resized crop", 0.8)
-    hflip: float | None = opt("horizontal-flip probability (default: 0 for digits, 0.5 otherwise)")
+    hflip: float | None = opt(
+        f"horizontal-flip probability (default: 0 for digits, {HFLIP} otherwise)"
+    )
     auto_augment: str | None = opt(
         "timm auto-augment policy ('none' to turn it off)", "rand-m9-mstd0.5"
     )
     # machinery
     device: str = opt("auto | cpu | cuda", "auto")
     amp: bool = opt("mixed precision on CUDA", True)
-    workers: int | None = opt("data-loading processes (default: 0 for digits, else up to 4)")
+    workers: int | None = opt(
+        f"data-loading processes (default: 0 for digits, else up to {MAX_LOADER_WORKERS})"
+    )
     decode_cache: str = decode_cache_option()
     decode_cache_dir: str | None = decode_cache_dir_option()
     seed: int = opt("random seed (data order, augmentation, initialisation)", 0)
@@ -210,7 +226,7 @@ class FitConfig:
         if cfg.lr is None:
             cfg.lr = SECOND_ORDER_LR if cfg.pool in SECOND_ORDER_POOLS else LR
         if cfg.layer_decay is None:
-            cfg.layer_decay = 0.65 if cfg.pretrained else 1.0
+            cfg.layer_decay = PRETRAINED_LAYER_DECAY if cfg.pretrained else 1.0
         if cfg.method == "lacvit":
             cfg.loss = "supcon"  # stage 1's loss is the method's, whatever --loss says
         elif cfg.method == "ce":
@@ -223,12 +239,10 @@ class FitConfig:
             # (LaCViT's two views of every image already give each anchor a positive)
             cfg.sampler = "pk" if cfg.loss in PAIR_LOSSES and cfg.method == "metric" else "random"
         if cfg.hflip is None:
-            cfg.hflip = 0.0 if cfg.dataset == "digits" else 0.5
+            cfg.hflip = 0.0 if cfg.dataset == "digits" else HFLIP
         if cfg.workers is None:
             # digits live in memory and decode for free; files are worth a worker pool
-            cfg.workers = (
-                0 if cfg.dataset == "digits" else min(4, max(1, (os.cpu_count() or 2) - 1))
-            )
+            cfg.workers = 0 if cfg.dataset == "digits" else default_loader_workers()
         if cfg.auto_augment in ("", "none"):
             cfg.auto_augment = None
         return cfg

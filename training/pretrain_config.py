@@ -8,7 +8,6 @@ embedding model it produces is described by a FitConfig in RUN/config.yaml
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -17,12 +16,15 @@ import yaml
 from index.atomic import atomic_write_text
 
 from .config import (
+    HFLIP,
+    MAX_LOADER_WORKERS,
     ConfigError,
     FitConfig,
     check_decode_cache,
     check_run_folder,
     decode_cache_dir_option,
     decode_cache_option,
+    default_loader_workers,
     opt,
 )
 from .options import (
@@ -88,11 +90,11 @@ class PretrainConfig:
     clip_grad: float | None = opt("clip the gradient norm to this value", 1.0)
     # augmentation
     crop_scale: float = opt("smallest area share kept by the random resized crop", 0.2)
-    hflip: float = opt("horizontal-flip probability", 0.5)
+    hflip: float = opt("horizontal-flip probability", HFLIP)
     # machinery
     device: str = opt("auto | cpu | cuda", "auto")
     amp: bool = opt("mixed precision on CUDA", True)
-    workers: int | None = opt("data-loading processes (default: up to 4)")
+    workers: int | None = opt(f"data-loading processes (default: up to {MAX_LOADER_WORKERS})")
     decode_cache: str = decode_cache_option()
     decode_cache_dir: str | None = decode_cache_dir_option()
     seed: int = opt("random seed (data order, augmentation, negatives, initialisation)", 0)
@@ -110,7 +112,7 @@ class PretrainConfig:
         if cfg.cross_view_negatives is None:
             cfg.cross_view_negatives = default_cross_view_negatives(cfg.negatives)
         if cfg.workers is None:
-            cfg.workers = min(4, max(1, (os.cpu_count() or 2) - 1))
+            cfg.workers = default_loader_workers()
         return cfg
 
     def validate(self) -> None:
