@@ -4,7 +4,11 @@
   `checkpoint_every` mutations, or holds any for `checkpoint_interval_s`; a save
   seals the growing segment outside the store's search lock, so searches go on.
 - Merges: after a checkpoint, when the merge policy finds small or worn segments,
-  they are merged in a worker thread, one merge at a time; searches and adds go on.
+  they are merged in a thread of their own, one merge at a time; searches and adds go
+  on. That thread is paced: FAISS runs its parallel work there on `merge_threads`
+  threads (half the cores by default; OpenMP's thread count is per calling thread,
+  so the searches keep theirs) at a lower CPU priority (nice +`MERGE_NICE`), so a
+  merge takes the cores the searches leave idle rather than half of each search's.
 - Scrub: `scrub_delay_s` after start and every `scrub_interval_s` after, every sealed
   segment is verified against its checksums at `scrub_bytes_per_s`; a damaged one is
   taken out of service, logged, and reported by /readyz and /metrics.
@@ -16,14 +20,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import faiss
 
 from .state import ServiceState
 
 logger = logging.getLogger("vitrieval.service")
 
 CHECKPOINT_POLL_S = 0.5
+MERGE_NICE = 10
+"""How much lower than the service's the merge thread's CPU priority is (Linux nice)."""
+
+
+def default_merge_threads() -> int:
+    """`merge_threads` unset: half the cores, at least one."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def pace_this_thread(threads: int) -> None:
+    """Make the calling thread a background one: FAISS parallel regions started from it
+    use `threads` threads, and it runs MERGE_NICE lower in CPU priority. For a thread
+    that does nothing else (an unprivileged process cannot raise a priority back)."""
+    faiss.omp_set_num_threads(threads)
+    with contextlib.suppress(OSError, AttributeError):  # no per-thread nice: unpaced CPU
+        thread = threading.get_native_id()  # Linux: a thread's id sets its own nice
+        niceness = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, niceness + MERGE_NICE))
 
 
 async def checkpoint_loop(state: ServiceState) -> None:
@@ -32,7 +58,14 @@ async def checkpoint_loop(state: ServiceState) -> None:
     if settings.read_only:
         return
     pending_since: float | None = None  # when the oldest unsaved mutation was seen
-    merging: asyncio.Task | None = None
+    merging: asyncio.Future | None = None
+    merge_thread = ThreadPoolExecutor(
+        1,
+        thread_name_prefix="vitrieval-merge",
+        initializer=pace_this_thread,
+        initargs=(settings.merge_threads or default_merge_threads(),),
+    )
+    loop = asyncio.get_running_loop()
     try:
         while True:
             await asyncio.sleep(CHECKPOINT_POLL_S)
@@ -53,11 +86,12 @@ async def checkpoint_loop(state: ServiceState) -> None:
                 continue
             idle = merging is None or merging.done()
             if idle and await asyncio.to_thread(state.store.due_merge):
-                merging = asyncio.create_task(asyncio.to_thread(_merge, state))
+                merging = loop.run_in_executor(merge_thread, _merge, state)
     finally:
         if merging is not None:
             with contextlib.suppress(Exception):
                 await merging  # a merge in a thread cannot be cancelled: let it finish
+        merge_thread.shutdown(wait=False)
 
 
 def _merge(state: ServiceState) -> None:

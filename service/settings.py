@@ -114,6 +114,12 @@ class Settings(BaseSettings):
     checkpoint_interval_s: float = Field(
         30.0, gt=0, description="a pending journal is saved at least this often"
     )
+    merge_threads: int | None = Field(
+        None,
+        ge=1,
+        description="FAISS threads of a background merge (default: half the cores, at "
+        "least 1); merges also run at a lower CPU priority, so searches keep their cores",
+    )
     scrub_interval_s: float = Field(
         86_400.0,
         ge=0,
