@@ -85,7 +85,11 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
     """--ray ADDRESS and the replica counts of the Ray Serve application (docs/scale.md,
     distributed/serve); the names and defaults live there, imported here only."""
     from distributed.cluster import ADDRESS_HELP
-    from distributed.serve.options import DEFAULT_EMBED_REPLICAS, DEFAULT_SHARD_REPLICAS
+    from distributed.serve.options import (
+        DEFAULT_EMBED_REPLICAS,
+        DEFAULT_INGRESS_REPLICAS,
+        DEFAULT_SHARD_REPLICAS,
+    )
 
     parser.add_argument(
         "--ray",
@@ -105,6 +109,14 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SHARD_REPLICAS,
         metavar="N",
         help=f"with --ray: replicas of each index shard (default {DEFAULT_SHARD_REPLICAS})",
+    )
+    parser.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=DEFAULT_INGRESS_REPLICAS,
+        metavar="N",
+        help="with --ray and --read-only: replicas of the HTTP front (request checks, "
+        f"merging the shards' hits; default {DEFAULT_INGRESS_REPLICAS})",
     )
 
 
@@ -200,6 +212,7 @@ def _serve_on_ray(args: argparse.Namespace, settings: Settings) -> int:
         args.ray,
         embed_replicas=args.embed_replicas,
         shard_replicas=args.shard_replicas,
+        ingress_replicas=args.ingress_replicas,
     )
 
 
@@ -208,6 +221,7 @@ def _ray_problem(args: argparse.Namespace, settings: Settings) -> str | None:
     for flag, value in (
         ("--embed-replicas", args.embed_replicas),
         ("--shard-replicas", args.shard_replicas),
+        ("--ingress-replicas", args.ingress_replicas),
     ):
         if value < 1:
             return f"{flag} must be at least 1, got {value}"
@@ -216,8 +230,16 @@ def _ray_problem(args: argparse.Namespace, settings: Settings) -> str | None:
             "with mutations on, each shard has one replica, its writer: --shard-replicas 1, "
             "or --read-only"
         )
+    if args.ingress_replicas > 1 and not settings.read_only:
+        return (
+            "with mutations on, one ingress numbers the new items: --ingress-replicas 1, "
+            "or --read-only"
+        )
     if settings.workers > 1:
-        return "--ray sets its processes with --embed-replicas and --shard-replicas, not --workers"
+        return (
+            "--ray sets its processes with --embed-replicas, --shard-replicas and "
+            "--ingress-replicas, not --workers"
+        )
     try:  # the port is Ray Serve's proxy's to bind: say now if it is taken
         _listen(settings.host, settings.port).close()
     except OSError as exc:

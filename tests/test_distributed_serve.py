@@ -172,7 +172,7 @@ def assert_same_answers(url: str, expected: dict, image: bytes) -> None:
 def test_ray_local_serves_a_store_as_the_single_process_server(indexes, query, digits_gallery):
     model = digits_gallery["model"]
     expected = single_process_answers(model, indexes["one"], query)
-    server = RayServe(model, indexes["one"], "local", "--read-only")
+    server = RayServe(model, indexes["one"], "local", "--read-only", "--ingress-replicas", "2")
     try:
         print(f"--ray local: ready {server.wait_ready():.1f} s after the command started")
         assert_same_answers(server.url, expected, query)
@@ -181,6 +181,39 @@ def test_ray_local_serves_a_store_as_the_single_process_server(indexes, query, d
     finally:
         code = server.stop()
     assert code == 0, server.output()
+
+
+@pytest.mark.skipif(ray_missing(), reason=NO_RAY)
+@pytest.mark.parametrize(
+    ("read_only", "ingresses", "shard_replicas"), [(True, 3, 2), (False, 1, 1)]
+)
+def test_ingress_replicas_are_asked_for_only_read_only(
+    indexes, digits_gallery, read_only, ingresses, shard_replicas
+):
+    """--ingress-replicas and --shard-replicas become the deployments' replica counts
+    read-only; with mutations on, the ingress and each shard have one replica."""
+    from distributed.serve.run import build_application, check_inputs
+
+    settings = Settings(
+        model=digits_gallery["model"],
+        index=indexes["sharded"],
+        read_only=read_only,
+        api_key=None if read_only else KEY,
+    )
+    app = build_application(
+        settings,
+        check_inputs(settings),
+        embed_replicas=1,
+        shard_replicas=2,
+        ingress_replicas=3,
+        cluster={"CPU": 2.0},
+        node_cpus=2,
+    )
+    # Serve's Application exposes its deployment (and its arguments) only privately
+    ingress = app._bound_deployment
+    assert ingress.name == "ingress" and ingress.num_replicas == ingresses
+    shards = [a._bound_deployment for a in ingress.init_args[2]]
+    assert [d.num_replicas for d in shards] == [shard_replicas] * 3
 
 
 def _kill_one_replica(deployment: str) -> str:
@@ -370,6 +403,11 @@ sys.exit(main(sys.argv[1:]))
             ["--ray", "auto", "--shard-replicas", "2"],
             {"VITRIEVAL_API_KEY": KEY},
             "each shard has one replica, its writer",
+        ),
+        (
+            ["--ray", "auto", "--ingress-replicas", "2"],
+            {"VITRIEVAL_API_KEY": KEY},
+            "one ingress numbers the new items",
         ),
     ],
 )

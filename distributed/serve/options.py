@@ -9,6 +9,9 @@ EMBEDDER = "embedder"
 
 DEFAULT_EMBED_REPLICAS = 1
 DEFAULT_SHARD_REPLICAS = 1
+DEFAULT_INGRESS_REPLICAS = 1
+"""Replicas of the HTTP ingress. Above 1 only read-only: with mutations on, the one
+ingress numbers new items across the shards."""
 
 FOLLOW_POLL_S = 2.0
 """How often a shard replica looks at its shard's manifest.json (its mtime, size and

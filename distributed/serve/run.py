@@ -24,6 +24,7 @@ from ..cluster import ClusterError, largest_node_cpus, plan_actors, ray_cluster
 from .ingress import Ingress
 from .options import (
     APP_NAME,
+    DEFAULT_INGRESS_REPLICAS,
     EMBED_QUEUE_FACTOR,
     EMBEDDER,
     INGRESS,
@@ -75,6 +76,7 @@ def build_application(
     *,
     embed_replicas: int,
     shard_replicas: int,
+    ingress_replicas: int = DEFAULT_INGRESS_REPLICAS,
     cluster: dict[str, float],
     node_cpus: int,
 ) -> Application:
@@ -127,7 +129,9 @@ def build_application(
     ingress = serve.deployment(
         Ingress,
         name=INGRESS,
-        num_replicas=1,
+        # read-only: stateless, as many as the proxy's load needs; with mutations on,
+        # one (it numbers new items across the shards)
+        num_replicas=ingress_replicas if writer is None else 1,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=INGRESS_HEADROOM * settings.max_concurrency,
         max_queued_requests=settings.max_concurrency,
@@ -143,7 +147,12 @@ def serve_logging() -> dict[str, Any]:
 
 
 def serve_on_ray(
-    settings: Settings, address: str, *, embed_replicas: int, shard_replicas: int
+    settings: Settings,
+    address: str,
+    *,
+    embed_replicas: int,
+    shard_replicas: int,
+    ingress_replicas: int = DEFAULT_INGRESS_REPLICAS,
 ) -> int:
     """Deploy the application on the cluster `address` names and serve until SIGINT or
     SIGTERM; the exit status (2 with one line on stderr when it cannot start)."""
@@ -163,6 +172,7 @@ def serve_on_ray(
                 layout,
                 embed_replicas=embed_replicas,
                 shard_replicas=shard_replicas,
+                ingress_replicas=ingress_replicas,
                 cluster=ray.cluster_resources(),
                 node_cpus=largest_node_cpus(ray),
             )
