@@ -257,6 +257,21 @@ def test_a_sharded_index_on_ray_serve_answers_as_the_single_process_server(
     one = single_process_answers(digits_gallery["model"], indexes["one"], query)
     assert [h["key"] for h in one["hits"]] == [h["key"] for h in expected["hits"]]
     assert_same_answers(sharded_on_session_cluster.url, expected, query)
+    # each image embedded is in exactly one model call's batch size: the calls' sizes
+    # add up to the images the embed stage timed
+    metrics = httpx.get(f"{sharded_on_session_cluster.url}/metrics", timeout=30).text
+    embedded = _sample(metrics, 'vitrieval_stage_duration_seconds_count{stage="embed"}')
+    assert embedded >= 1
+    assert _sample(metrics, "vitrieval_embed_batch_size_sum") == embedded
+    assert 1 <= _sample(metrics, "vitrieval_embed_batch_size_count") <= embedded
+
+
+def _sample(metrics: str, name: str) -> float:
+    """The value of the Prometheus sample `name` (with its labels) in `metrics`."""
+    lines = metrics.splitlines()
+    values = [line.rsplit(" ", 1)[1] for line in lines if line.startswith(name + " ")]
+    assert len(values) == 1, (name, values)
+    return float(values[0])
 
 
 def mutations(client: httpx.Client | TestClient, url: str) -> list[tuple[int, dict]]:

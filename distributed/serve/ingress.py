@@ -282,6 +282,8 @@ class IngressState:
         timings.decode, timings.embed = answer.decode_ms, answer.embed_ms
         self.metrics.observe_stage("decode", answer.decode_ms / 1000)
         self.metrics.observe_stage("embed", answer.embed_ms / 1000)
+        if answer.batch_size:  # the model call's first image: the call counted once
+            self.metrics.batch_size.observe(answer.batch_size)
         return answer.vector
 
     async def embed_upload(self, upload: ImageUpload, timings: Timings) -> np.ndarray:

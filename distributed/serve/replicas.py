@@ -55,11 +55,14 @@ class ErrorAnswer:
 
 @dataclass(frozen=True)
 class Embedded:
-    """One image embedded: the unit vector and the milliseconds of each stage."""
+    """One image embedded: the unit vector and the milliseconds of each stage.
+    `batch_size`: the images of the model call it was part of, reported by that call's
+    first image only (0 for the others), so the ingress counts each call once."""
 
     vector: np.ndarray
     decode_ms: float
     embed_ms: float
+    batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,20 +127,22 @@ class EmbedderReplica:
         except ApiError as exc:
             return ErrorAnswer(exc.status, exc.code, exc.detail, exc.headers)
         decoded = time.perf_counter()
-        vector = await self._embed_batch(image)
+        vector, batch_size = await self._embed_batch(image)
         return Embedded(
             vector,
             decode_ms=(decoded - started) * 1000,
             embed_ms=(time.perf_counter() - decoded) * 1000,
+            batch_size=batch_size,
         )
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
-    async def _embed_batch(self, images: list[np.ndarray]) -> list[np.ndarray]:
+    async def _embed_batch(self, images: list[np.ndarray]) -> list[tuple[np.ndarray, int]]:
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(
             self.model_pool, self.embedder.embed_arrays, np.stack(images)
         )
-        return list(out)
+        # the call's size goes back with its first image only (Embedded.batch_size)
+        return [(vector, len(images) if i == 0 else 0) for i, vector in enumerate(out)]
 
 
 @dataclass(frozen=True)
