@@ -36,6 +36,7 @@ import numpy as np
 from ..atomic import atomic_path
 from . import fields as fx
 from . import manifest as mf
+from .columns import RangeColumns
 from .errors import StoreError, faiss_reason
 from .filtering import contains
 from .filters import Match, Range
@@ -96,6 +97,7 @@ class SealedSegment:
         self._db = self._open_items()
         self.fields = fx.read_selection(self._db)
         self._leaf_cache = fx.LeafCache()
+        self._range_columns = RangeColumns(self._db, self.fields)
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         # the DBA vector set (augment.py), when a merge computed one: (index, raw)
@@ -234,7 +236,10 @@ class SealedSegment:
         remembered, as a sealed segment's items never change (fields.LeafCache)."""
         found = self._leaf_cache.get(leaf)
         if found is None:
-            found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
+            if isinstance(leaf, Range):  # a range that varies: from its column (columns.py)
+                found = self._range_columns.ids_in(leaf)
+            if found is None:
+                found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
             self._leaf_cache.put(leaf, found)
         return found
 
