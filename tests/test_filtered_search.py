@@ -335,5 +335,16 @@ def test_the_neighbourhood_widening_is_the_depth_of_the_kth_allowed_neighbour() 
     assert neighbourhood_widening(near, excluded, 3) == 4 / 3
     # none allowed: as wide as the neighbourhood read (5 valid in row 0)
     assert neighbourhood_widening(near, IdSet(np.empty(0, np.int64), False), 1) == 5.0
-    # a filter independent of the vectors never narrows below the plain search
+    # everything allowed: never narrower than the plain search
     assert neighbourhood_widening(near, IdSet(np.arange(10, dtype=np.int64), False), 4) == 1.0
+    # negated with k above a row's passing count: row 0 passes 3 of 5 valid (5 / 3),
+    # row 1 its 4th at position 4 (4 / 4)
+    assert neighbourhood_widening(near, excluded, 4) == 5 / 3
+    # k above the neighbours read: valid / allowed (row 0: 5 / 2, row 1: 4 / 2), and
+    # 1 when all of them pass
+    assert neighbourhood_widening(near, allowed, 10) == 2.5
+    assert neighbourhood_widening(near, IdSet(np.arange(10, dtype=np.int64), False), 10) == 1.0
+    # a query without any neighbour (an empty segment's answer) says nothing
+    empty = np.full((2, 6), -1, dtype=np.int64)
+    assert neighbourhood_widening(empty, allowed, 2) == 1.0
+    assert neighbourhood_widening(np.vstack([near[:1], empty[:1]]), allowed, 1) == 3.0

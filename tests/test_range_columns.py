@@ -9,6 +9,7 @@ from store_helpers import unit_vectors
 
 from index.filters import parse_filter
 from index.store import IndexStore
+from index.store import columns as columns_module
 from index.store import fields as fx
 from index.store.columns import COLUMN_AFTER_RANGES, RangeColumns
 from index.store.filters import Range, field_values
@@ -109,23 +110,52 @@ def test_one_range_however_repeated_stays_with_the_field_index(sealed) -> None:
 
 
 def test_columns_stay_within_their_budget(sealed) -> None:
+    """The first path to vary keeps its column; one that no longer fits stays with the
+    field index for good (no re-reading), and every answer stays right."""
     store, metadata = sealed
     segment = store._sealed[0]
-    price_rows = len(
-        fx.leaf_ids(
-            segment._db,
-            parse_filter({"must": [{"key": "price", "range": {"gte": -1}}]}).must[0],
-            segment.fields,
-            "t",
-        )
-    )
-    columns = RangeColumns(segment._db, segment.fields, budget_rows=N)  # room for one column
-    rng = np.random.default_rng(9)
-    for path in ("price", "shop.rating", "price"):
-        for bounds in _ranges(rng, 3):
-            leaf = parse_filter({"must": [{"key": path, "range": bounds}]}).must[0]
-            found = columns.ids_in(leaf)
-            if found is not None:
-                assert _keys(store, found) == _reference(metadata, leaf)
-        assert list(columns._columns) == [path] and columns._rows <= N
-    assert columns._rows == price_rows
+
+    def rows(path: str) -> int:
+        leaf = parse_filter({"must": [{"key": path, "range": {"gte": -1}}]}).must[0]
+        return len(fx.leaf_ids(segment._db, leaf, segment.fields, "t"))
+
+    price_rows, rating_rows = rows("price"), rows("shop.rating")
+    assert price_rows + rating_rows > N >= max(price_rows, rating_rows)
+    columns = RangeColumns(segment._db, segment.fields, budget_rows=N)  # room for one
+    reads = []
+    real_read = columns_module.read_column
+
+    def counted_read(db, path):
+        reads.append(path)
+        return real_read(db, path)
+
+    columns_module.read_column = counted_read
+    try:
+        rng = np.random.default_rng(9)
+        for path in ("price", "shop.rating", "price", "shop.rating"):
+            for bounds in _ranges(rng, 3):
+                leaf = parse_filter({"must": [{"key": path, "range": bounds}]}).must[0]
+                found = columns.ids_in(leaf)
+                if path == "shop.rating":
+                    assert found is None
+                if found is not None:
+                    assert _keys(store, found) == _reference(metadata, leaf)
+    finally:
+        columns_module.read_column = real_read
+    assert reads == ["price", "shop.rating"]  # each read once, the second one kept out
+    assert list(columns._columns) == ["price"] and columns._rows == price_rows
+
+
+def test_column_answers_stay_out_of_the_leaf_cache(sealed) -> None:
+    """The leaf cache keeps the field index's answers only: a column answers any range
+    at once, and caching its answers would push out conditions that cost a scan."""
+    store, _ = sealed
+    segment = store._sealed[0]
+    leaves = [
+        parse_filter({"must": [{"key": "shop.rating", "range": bounds}]}).must[0]
+        for bounds in ({"gt": 3.25}, {"lt": 1.75}, {"gte": 2.25, "lte": 4.25})
+    ]
+    for leaf in leaves:
+        segment.filter_ids(leaf)
+    assert segment._range_columns._columns.get("shop.rating") is not None
+    assert not any(leaf in segment._leaf_cache._entries for leaf in leaves[1:])

@@ -5,14 +5,21 @@ A catalogue's price slider sends a new range with every query: the field index
 allows (about 0.3 µs an item: 33 ms for 100,000), and the leaf cache never meets the
 same range twice. A column, the field's value for every item that has one (ids
 sorted, float64 values aligned), answers any range with one vectorised comparison
-(about 1 ns an item) and gives the ids already sorted.
+(about 5 ns an item) and gives the ids already sorted.
 
 A path gets its column at its `COLUMN_AFTER_RANGES`-th distinct range in a segment
 (one range, however often it repeats, stays with the field index and the leaf
 cache), when it is in the segment's field index and holds at most one number per
 item; otherwise (a list of numbers, such as sizes) it stays with the field index.
-Values compare as floats, the reference rule of `filters.Range.holds`. Columns are
-kept least recently used first out, within `COLUMN_BUDGET_ROWS` rows a segment.
+Values compare as floats, the reference rule of `filters.Range.holds`.
+
+A segment keeps its columns for its life (its items never change; a merge makes a new
+segment with columns of its own), within `COLUMN_BUDGET_ROWS` rows: a path whose
+column does not fit in what is left stays with the field index for good. Evicting a
+column for another would re-read both, each a full pass over the path's index rows,
+whenever queries alternate between them; the first paths to vary keep theirs. A column
+is read outside the lock, so searches on other paths go on meanwhile, and searches on
+the path being read use the field index until it is there.
 """
 
 from __future__ import annotations
@@ -57,15 +64,15 @@ class Column:
 
 def read_column(db: sqlite3.Connection, path: str) -> Column | None:
     """The numbers of `path` in the field index as a Column; None when an item has
-    several (a list field)."""
+    several (a list field). Rows stream from the cursor into the arrays, without a
+    Python list of them all."""
     rows = db.execute(
         "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real')",
         (path,),
-    ).fetchall()
-    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    values = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
-    order = np.argsort(ids, kind="stable")
-    ids, values = ids[order], values[order]
+    )
+    pairs = np.fromiter(rows, dtype=[("id", np.int64), ("value", np.float64)])
+    order = np.argsort(pairs["id"], kind="stable")
+    ids, values = pairs["id"][order], pairs["value"][order]
     if ids.size > 1 and bool((ids[1:] == ids[:-1]).any()):
         return None
     return Column(ids, values)
@@ -84,7 +91,9 @@ class RangeColumns:
         self._selection = selection
         self._budget = budget_rows
         self._ranges: dict[str, set[Range]] = {}  # path -> distinct ranges before its column
-        self._columns: dict[str, Column | None] = {}  # least recently used first
+        self._columns: dict[str, Column] = {}
+        self._index_only: set[str] = set()  # list fields and columns without room
+        self._reading: set[str] = set()
         self._rows = 0
         self._lock = threading.Lock()  # searches of one segment run in several threads
 
@@ -99,22 +108,24 @@ class RangeColumns:
 
     def _column(self, path: str, leaf: Range) -> Column | None:
         with self._lock:
-            if path in self._columns:
-                column = self._columns.pop(path)
-                self._columns[path] = column  # most recently used last
+            column = self._columns.get(path)
+            if column is not None or path in self._index_only or path in self._reading:
                 return column
             seen = self._ranges.setdefault(path, set())
             seen.add(leaf)
             if len(seen) < COLUMN_AFTER_RANGES:
                 return None
-            column = read_column(self._db, path)
-            size = 0 if column is None else column.ids.size
-            if size > self._budget:
-                return None  # larger than every column together may be: the field index
             del self._ranges[path]
+            self._reading.add(path)
+        try:
+            column = read_column(self._db, path)
+        finally:
+            with self._lock:
+                self._reading.discard(path)
+        with self._lock:
+            if column is None or self._rows + column.ids.size > self._budget:
+                self._index_only.add(path)
+                return None
             self._columns[path] = column
-            self._rows += size
-            while self._rows > self._budget:
-                dropped = self._columns.pop(next(iter(self._columns)))
-                self._rows -= 0 if dropped is None else dropped.ids.size
+            self._rows += column.ids.size
             return column

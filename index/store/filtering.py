@@ -140,18 +140,12 @@ def neighbourhood_widening(neighbours: np.ndarray, allowed: IdSet, k: int) -> fl
     valid = neighbours >= 0
     inside = contains(allowed.ids, neighbours)
     passing = (~inside if allowed.negated else inside) & valid
-    widest = 1.0
-    for row, ok in zip(passing, valid, strict=True):
-        n = int(ok.sum())
-        if n == 0:
-            continue
-        positions = np.flatnonzero(row)
-        if positions.size >= k:
-            depth = float(positions[k - 1] + 1) / k
-        else:
-            depth = n / max(positions.size, 1)
-        widest = max(widest, depth)
-    return widest
+    n = valid.sum(axis=1)
+    count = passing.sum(axis=1)
+    kth = np.argmax(np.cumsum(passing, axis=1) >= k, axis=1)  # meaningful where count >= k
+    depth = np.where(count >= k, (kth + 1) / k, n / np.maximum(count, 1))
+    depth = depth[n > 0]  # a query with no neighbours at all says nothing
+    return max(1.0, float(depth.max())) if depth.size else 1.0
 
 
 def widening(allowed: int, live: int) -> float:

@@ -234,12 +234,13 @@ class SealedSegment:
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
         """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds;
         remembered, as a sealed segment's items never change (fields.LeafCache)."""
+        if isinstance(leaf, Range):  # a range that varies: from its column (columns.py)
+            found = self._range_columns.ids_in(leaf)
+            if found is not None:
+                return found  # as quick as a cache hit, and kept out of the leaf cache
         found = self._leaf_cache.get(leaf)
         if found is None:
-            if isinstance(leaf, Range):  # a range that varies: from its column (columns.py)
-                found = self._range_columns.ids_in(leaf)
-            if found is None:
-                found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
+            found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
             self._leaf_cache.put(leaf, found)
         return found
 
