@@ -92,7 +92,8 @@ def merge_under_search(
     else:
         worker = threading.Thread(target=merge)
         worker.start()
-    busy = timed_searches(store, queries, lambda _: done.is_set())
+    # at least one search, should the merge end before the first one starts
+    busy = timed_searches(store, queries, lambda got: done.is_set() and bool(got))
     if paced:
         future.result()
         pool.shutdown()
@@ -118,6 +119,8 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="parent of the temporary folder")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.rounds < 1 or args.idle_searches < 1:
+        ap.error("--rounds and --idle-searches must be at least 1")
     merge_threads = args.merge_threads or default_merge_threads()
     faiss.omp_set_num_threads(1)  # this thread's searches only: OpenMP's count is per thread
     info = {

@@ -263,10 +263,14 @@ def _results(ray: ModuleType, dataset: Any) -> Iterator[dict[str, Any]]:
         yield from dataset.iter_rows()
     except ray.exceptions.RayError as exc:
         if isinstance(exc, ray.exceptions.ActorDiedError) and not exc.actor_init_failed:
+            # max_restarts counts an actor's deaths over its life, not one part's, and
+            # several parts are in flight: the message says what was exhausted
             raise ClusterError(
-                f"an embedding actor's process died on a part, tried {PART_RETRIES + 1} "
-                "times (out of memory, or a crash in a decoder or the model: the Ray logs "
-                "of the node say which); the parts done are kept, and a re-run embeds the rest"
+                f"an embedding actor's process died more than {ACTOR_RESTARTS} times "
+                f"(a part is tried at most {PART_RETRIES + 1} times): out of memory, or a "
+                "crash in a decoder or the model, as the node's Ray logs say; the parts done "
+                "are kept and a re-run embeds the rest (if it dies the same way, try "
+                "VITRIEVAL_DECODER=pillow)"
             ) from None
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         raise ClusterError(

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import faiss
 
+from .layout import cpu_count
 from .state import ServiceState
 
 logger = logging.getLogger("vitrieval.service")
@@ -37,8 +38,8 @@ MERGE_NICE = 10
 
 
 def default_merge_threads() -> int:
-    """`merge_threads` unset: half the cores, at least one."""
-    return max(1, (os.cpu_count() or 2) // 2)
+    """`merge_threads` unset: half the cores this process may run on, at least one."""
+    return max(1, cpu_count() // 2)
 
 
 def pace_this_thread(threads: int) -> None:

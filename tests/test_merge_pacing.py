@@ -17,11 +17,20 @@ def _threads_and_niceness() -> tuple[int, int]:
 
 def test_a_paced_thread_has_its_own_faiss_threads_and_a_lower_priority() -> None:
     before = _threads_and_niceness()
-    assert before[0] != 7
-    with ThreadPoolExecutor(1, initializer=pace_this_thread, initargs=(7,)) as pool:
+    threads = before[0] + 1  # a count the caller does not have, so a change shows
+    with ThreadPoolExecutor(1, initializer=pace_this_thread, initargs=(threads,)) as pool:
         paced = pool.submit(_threads_and_niceness).result()
-    assert paced == (7, min(19, before[1] + MERGE_NICE))
+    assert paced == (threads, min(19, before[1] + MERGE_NICE))
     # the caller (the service's other threads) keeps its FAISS threads and priority
     assert _threads_and_niceness() == before
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(_threads_and_niceness).result()[1] == before[1]
+
+
+def test_merges_default_to_half_the_cores_this_process_may_use(monkeypatch) -> None:
+    from service import maintenance
+
+    monkeypatch.setattr(maintenance, "cpu_count", lambda: 5)
+    assert maintenance.default_merge_threads() == 2
+    monkeypatch.setattr(maintenance, "cpu_count", lambda: 1)
+    assert maintenance.default_merge_threads() == 1

@@ -85,7 +85,9 @@ def build_application(
     Embedder replicas are placed as `distributed.cluster.plan_actors` places embedding
     actors: one GPU each when the cluster has GPUs (and --device allows), else T CPUs
     each (ONNX Runtime on T threads). Shard replicas and the ingress reserve no CPU: they
-    wait on memory-mapped segments and on the network, and a FAISS search is short."""
+    wait on memory-mapped segments and on the network, and a FAISS search is short.
+    `shard_replicas` and `ingress_replicas` apply read-only; with mutations on each is
+    one whatever is asked (the CLI refuses more before it gets here)."""
     plan = plan_actors(
         cluster.get("CPU", 1),
         cluster.get("GPU", 0),
