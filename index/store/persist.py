@@ -17,6 +17,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 import faiss
+import numpy as np
 
 from ..atomic import atomic_path
 from . import manifest as mf
@@ -211,7 +212,7 @@ def _open_sealed(store: IndexStore, entry: mf.SegmentEntry, late: set[int]) -> S
         if name in TUNABLE_PARAMS:
             segment.vectors.set_parameter(name, value)
     if late:
-        segment.retire(__import__("numpy").fromiter(late, dtype="int64"))
+        segment.retire(np.fromiter(late, dtype=np.int64))
     return segment
 
 
