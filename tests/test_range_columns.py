@@ -3,6 +3,9 @@ the field index's answers and the reference rule (`filters.Range.holds`)."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from store_helpers import unit_vectors
@@ -159,3 +162,37 @@ def test_column_answers_stay_out_of_the_leaf_cache(sealed) -> None:
         segment.filter_ids(leaf)
     assert segment._range_columns._columns.get("shop.rating") is not None
     assert not any(leaf in segment._leaf_cache._entries for leaf in leaves[1:])
+
+
+def test_a_column_is_read_once_while_searches_go_on(sealed, monkeypatch) -> None:
+    """Searches on the path being read use the field index meanwhile (None), and the
+    column is read once however many searches ask at the same time."""
+    store, metadata = sealed
+    segment = store._sealed[0]
+    columns = RangeColumns(segment._db, segment.fields)
+    reads, started, release = [], threading.Event(), threading.Event()
+    real_read = columns_module.read_column
+
+    def slow_read(db, path):
+        reads.append(path)
+        started.set()
+        release.wait(10)
+        return real_read(db, path)
+
+    monkeypatch.setattr(columns_module, "read_column", slow_read)
+    leaves = [
+        parse_filter({"must": [{"key": "price", "range": {"gte": float(g)}}]}).must[0]
+        for g in range(10)
+    ]
+    assert columns.ids_in(leaves[0]) is None  # the first distinct range
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(columns.ids_in, leaves[1])
+        assert started.wait(10)
+        assert [columns.ids_in(leaf) for leaf in leaves[2:]] == [None] * 8
+        release.set()
+        first = reading.result()
+    assert reads == ["price"]
+    for leaf in [leaves[1], *leaves[2:]]:
+        found = first if leaf is leaves[1] else columns.ids_in(leaf)
+        assert _keys(store, found) == _reference(metadata, leaf)
+    assert reads == ["price"]

@@ -119,10 +119,12 @@ class RangeColumns:
             self._reading.add(path)
         try:
             column = read_column(self._db, path)
-        finally:
+        except BaseException:
             with self._lock:
                 self._reading.discard(path)
-        with self._lock:
+            raise
+        with self._lock:  # one block: no search sees the path neither read nor kept
+            self._reading.discard(path)
             if column is None or self._rows + column.ids.size > self._budget:
                 self._index_only.add(path)
                 return None
