@@ -119,9 +119,10 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="parent of the temporary folder")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if args.rounds < 1 or args.idle_searches < 1:
-        ap.error("--rounds and --idle-searches must be at least 1")
-    merge_threads = args.merge_threads or default_merge_threads()
+    threads = 1 if args.merge_threads is None else args.merge_threads
+    if min(args.rounds, args.idle_searches, threads) < 1:
+        ap.error("--rounds, --idle-searches and --merge-threads must be at least 1")
+    merge_threads = default_merge_threads() if args.merge_threads is None else args.merge_threads
     faiss.omp_set_num_threads(1)  # this thread's searches only: OpenMP's count is per thread
     info = {
         "cpu": cpu_model(),

@@ -112,7 +112,7 @@ def test_one_range_however_repeated_stays_with_the_field_index(sealed) -> None:
             assert columns.ids_in(leaf) is None
 
 
-def test_columns_stay_within_their_budget(sealed) -> None:
+def test_columns_stay_within_their_budget(sealed, monkeypatch) -> None:
     """The first path to vary keeps its column; one that no longer fits stays with the
     field index for good (no re-reading), and every answer stays right."""
     store, metadata = sealed
@@ -128,24 +128,24 @@ def test_columns_stay_within_their_budget(sealed) -> None:
     reads = []
     real_read = columns_module.read_column
 
-    def counted_read(db, path):
+    def counted_read(db, path, max_rows):
         reads.append(path)
-        return real_read(db, path)
+        return real_read(db, path, max_rows)
 
-    columns_module.read_column = counted_read
-    try:
-        rng = np.random.default_rng(9)
-        for path in ("price", "shop.rating", "price", "shop.rating"):
-            for bounds in _ranges(rng, 3):
-                leaf = parse_filter({"must": [{"key": path, "range": bounds}]}).must[0]
-                found = columns.ids_in(leaf)
-                if path == "shop.rating":
-                    assert found is None
-                if found is not None:
-                    assert _keys(store, found) == _reference(metadata, leaf)
-    finally:
-        columns_module.read_column = real_read
+    monkeypatch.setattr(columns_module, "read_column", counted_read)
+    rng = np.random.default_rng(9)
+    for path in ("price", "shop.rating", "price", "shop.rating"):
+        for bounds in _ranges(rng, 3):
+            leaf = parse_filter({"must": [{"key": path, "range": bounds}]}).must[0]
+            found = columns.ids_in(leaf)
+            if path == "shop.rating":
+                assert found is None
+            if found is not None:
+                assert _keys(store, found) == _reference(metadata, leaf)
     assert reads == ["price", "shop.rating"]  # each read once, the second one kept out
+    # a read stops one row past the room it is given
+    assert real_read(segment._db, "price", price_rows - 1) is None
+    assert real_read(segment._db, "price", price_rows).ids.size == price_rows
     assert list(columns._columns) == ["price"] and columns._rows == price_rows
 
 
@@ -173,11 +173,11 @@ def test_a_column_is_read_once_while_searches_go_on(sealed, monkeypatch) -> None
     reads, started, release = [], threading.Event(), threading.Event()
     real_read = columns_module.read_column
 
-    def slow_read(db, path):
+    def slow_read(db, path, max_rows):
         reads.append(path)
         started.set()
         release.wait(10)
-        return real_read(db, path)
+        return real_read(db, path, max_rows)
 
     monkeypatch.setattr(columns_module, "read_column", slow_read)
     leaves = [

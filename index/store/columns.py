@@ -15,7 +15,8 @@ Values compare as floats, the reference rule of `filters.Range.holds`.
 
 A segment keeps its columns for its life (its items never change; a merge makes a new
 segment with columns of its own), within `COLUMN_BUDGET_ROWS` rows: a path whose
-column does not fit in what is left stays with the field index for good. Evicting a
+column does not fit in what is left (its read stops one row past the room) stays
+with the field index for good, logged once. Evicting a
 column for another would re-read both, each a full pass over the path's index rows,
 whenever queries alternate between them; the first paths to vary keep theirs. A column
 is read outside the lock, so searches on other paths go on meanwhile, and searches on
@@ -24,6 +25,7 @@ the path being read use the field index until it is there.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ import numpy as np
 
 from .fields import FieldSelection
 from .filters import Range
+
+logger = logging.getLogger(__name__)
 
 COLUMN_AFTER_RANGES = 2
 """Distinct ranges on a path that read its column (the first one reads the index)."""
@@ -62,15 +66,18 @@ class Column:
         return self.ids[keep]
 
 
-def read_column(db: sqlite3.Connection, path: str) -> Column | None:
+def read_column(db: sqlite3.Connection, path: str, max_rows: int) -> Column | None:
     """The numbers of `path` in the field index as a Column; None when an item has
-    several (a list field). Rows stream from the cursor into the arrays, without a
-    Python list of them all."""
+    several (a list field) or there are more than `max_rows` (the read stops there).
+    Rows stream from the cursor into the arrays, without a Python list of them all."""
     rows = db.execute(
-        "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real')",
-        (path,),
+        "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real') "
+        "LIMIT ?",
+        (path, max_rows + 1),
     )
     pairs = np.fromiter(rows, dtype=[("id", np.int64), ("value", np.float64)])
+    if pairs.size > max_rows:
+        return None
     order = np.argsort(pairs["id"], kind="stable")
     ids, values = pairs["id"][order], pairs["value"][order]
     if ids.size > 1 and bool((ids[1:] == ids[:-1]).any()):
@@ -86,8 +93,10 @@ class RangeColumns:
         db: sqlite3.Connection,
         selection: FieldSelection,
         budget_rows: int = COLUMN_BUDGET_ROWS,
+        name: str = "segment",
     ) -> None:
         self._db = db
+        self._name = name  # for the log
         self._selection = selection
         self._budget = budget_rows
         self._ranges: dict[str, set[Range]] = {}  # path -> distinct ranges before its column
@@ -117,8 +126,9 @@ class RangeColumns:
                 return None
             del self._ranges[path]
             self._reading.add(path)
+            room = self._budget - self._rows
         try:
-            column = read_column(self._db, path)
+            column = read_column(self._db, path, room)
         except BaseException:
             with self._lock:
                 self._reading.discard(path)
@@ -127,6 +137,13 @@ class RangeColumns:
             self._reading.discard(path)
             if column is None or self._rows + column.ids.size > self._budget:
                 self._index_only.add(path)
+                logger.info(
+                    "%s: ranges on %r stay with the field index (a list field, or no room "
+                    "left in the segment's %d column rows)",
+                    self._name,
+                    path,
+                    self._budget,
+                )
                 return None
             self._columns[path] = column
             self._rows += column.ids.size

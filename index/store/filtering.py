@@ -137,6 +137,8 @@ def neighbourhood_widening(neighbours: np.ndarray, allowed: IdSet, k: int) -> fl
     neighbours while passing most of the segment: the global share says 1, this says
     how far past the cluster the hits lie.
     """
+    if neighbours.size == 0:
+        return 1.0
     valid = neighbours >= 0
     inside = contains(allowed.ids, neighbours)
     passing = (~inside if allowed.negated else inside) & valid

@@ -97,7 +97,7 @@ class SealedSegment:
         self._db = self._open_items()
         self.fields = fx.read_selection(self._db)
         self._leaf_cache = fx.LeafCache()
-        self._range_columns = RangeColumns(self._db, self.fields)
+        self._range_columns = RangeColumns(self._db, self.fields, name=f"segment {self.number}")
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         # the DBA vector set (augment.py), when a merge computed one: (index, raw)
@@ -234,14 +234,15 @@ class SealedSegment:
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
         """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds;
         remembered, as a sealed segment's items never change (fields.LeafCache)."""
+        found = self._leaf_cache.get(leaf)
+        if found is not None:
+            return found
         if isinstance(leaf, Range):  # a range that varies: from its column (columns.py)
             found = self._range_columns.ids_in(leaf)
             if found is not None:
-                return found  # as quick as a cache hit, and kept out of the leaf cache
-        found = self._leaf_cache.get(leaf)
-        if found is None:
-            found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
-            self._leaf_cache.put(leaf, found)
+                return found  # any range is one pass over it: not cached
+        found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
+        self._leaf_cache.put(leaf, found)
         return found
 
     def _view(self, augmented: bool) -> tuple[VectorIndex, np.ndarray]:
