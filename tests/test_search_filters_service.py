@@ -25,6 +25,7 @@ from index.shards import open_index
 from index.store import IndexStore, StoreError
 from service.app import create_app
 from service.settings import Settings
+from service.state import check_vector
 
 
 def keys_scores(hits: list[dict]) -> list[tuple[str, float]]:
@@ -32,7 +33,11 @@ def keys_scores(hits: list[dict]) -> list[tuple[str, float]]:
 
 
 def expected(store, vector, k: int, **where) -> list[tuple[str, float]]:
-    return [(h.key, h.score) for h in store.search(np.asarray([vector], np.float32), k, **where)[0]]
+    """The store's answer to `vector` as the service reads it from a request: float32,
+    normalised (a stored vector's norm is 1 only to within an ulp or two, and CPUs
+    differ in where that last bit lands)."""
+    query = check_vector(vector, store.dim)[None, :]
+    return [(h.key, h.score) for h in store.search(query, k, **where)[0]]
 
 
 def form(image: bytes, **fields) -> dict:
