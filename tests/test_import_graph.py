@@ -1,4 +1,6 @@
-"""No import circle among the product packages' modules.
+"""No import circle among the product packages' modules; and the rules the same reading
+answers: `index` and `service` never import torch (the serving install has none), no
+product module is over 600 lines.
 
 The graph is read from the source with `ast`, without importing anything: every
 `import` and `from ... import` statement counts, at module level or inside a function
@@ -193,3 +195,57 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
     }
     assert cycles("training", tmp_path) == ["training.a -> training.sub.b -> training.a"]
     assert cycles("index", tmp_path) == []
+
+
+# -- the house rules the graph also answers -----------------------------------------------
+
+TORCH_PACKAGES = {"torch", "torchvision", "timm"}
+"""What the serving install leaves out (pyproject's train extra)."""
+TORCH_FREE = ("index", "service")
+MAX_PRODUCT_LINES = 600
+
+
+def torch_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of the torch-family imports a module's source runs, function-level
+    ones included."""
+    found = []
+    for node in _runtime_nodes(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if n.split(".")[0] in TORCH_PACKAGES]
+    return sorted(found)
+
+
+def test_index_and_service_never_import_torch():
+    found = [
+        f"{path.relative_to(ROOT)}:{line} {module}"
+        for name, path in module_files(ROOT).items()
+        if name.split(".")[0] in TORCH_FREE
+        for line, module in torch_imports(path.read_text())
+    ]
+    assert not found, found
+
+
+def test_the_torch_check_sees_deferred_imports():
+    source = (
+        "import numpy\n"
+        "def f():\n"
+        "    import torch.nn\n"
+        "    from timm import create_model\n"
+        "if TYPE_CHECKING:\n"
+        "    import torchvision\n"
+    )
+    assert torch_imports(source) == [(3, "torch.nn"), (4, "timm")]
+
+
+def test_no_product_file_is_over_600_lines():
+    over = {
+        str(path.relative_to(ROOT)): n
+        for path in module_files(ROOT).values()
+        if (n := len(path.read_text().splitlines())) > MAX_PRODUCT_LINES
+    }
+    assert not over, over
