@@ -149,9 +149,9 @@ def test_columns_stay_within_their_budget(sealed, monkeypatch) -> None:
     assert list(columns._columns) == ["price"] and columns._rows == price_rows
 
 
-def test_column_answers_stay_out_of_the_leaf_cache(sealed) -> None:
-    """The leaf cache keeps the field index's answers only: a column answers any range
-    at once, and caching its answers would push out conditions that cost a scan."""
+def test_a_column_answer_enters_the_leaf_cache_only_when_asked_again(sealed) -> None:
+    """A column's answer enters the leaf cache only when its range is asked again: a
+    slider's one-off ranges would push out conditions that cost a scan."""
     store, _ = sealed
     segment = store._sealed[0]
     leaves = [
@@ -162,6 +162,9 @@ def test_column_answers_stay_out_of_the_leaf_cache(sealed) -> None:
         segment.filter_ids(leaf)
     assert segment._range_columns._columns.get("shop.rating") is not None
     assert not any(leaf in segment._leaf_cache._entries for leaf in leaves[1:])
+    # asked again, a column's answer is a condition that repeats: remembered
+    assert np.array_equal(segment.filter_ids(leaves[1]), segment.filter_ids(leaves[1]))
+    assert leaves[1] in segment._leaf_cache._entries
 
 
 def test_a_column_is_read_once_while_searches_go_on(sealed, monkeypatch) -> None:

@@ -40,6 +40,8 @@ ALL_FIELDS: frozenset[str] | None = None
 _TRUE, _FALSE = b"\x01", b"\x00"
 LEAF_CACHE_IDS = 16 * 1024 * 1024
 """Ids a sealed segment remembers for recent filter conditions (128 MB at most)."""
+LEAF_CACHE_OFFERED = 1024
+"""Cheap conditions a segment remembers having been offered once (their keys only)."""
 
 
 class FieldSelection:
@@ -216,11 +218,17 @@ class LeafCache:
     """The ids of recently used conditions, for a segment whose items never change
     (sealed): a catalogue's filters repeat (a category, a price band), and reading a
     condition matching millions of items costs far more than its search. Least
-    recently used first out, beyond `max_ids` ids in all (8 bytes each)."""
+    recently used first out, beyond `max_ids` ids in all (8 bytes each).
+
+    A cheap answer (a range from a numeric column, columns.py) is kept only when the
+    same condition is offered a second time: a slider's ranges mostly come once each,
+    and keeping them would push out conditions that cost an index scan, while a range
+    that repeats (a default price band) is then served as any other."""
 
     def __init__(self, max_ids: int = LEAF_CACHE_IDS) -> None:
         self.max_ids = max_ids
         self._entries: dict[Match | Range, np.ndarray] = {}
+        self._offered: dict[Match | Range, None] = {}  # cheap ones seen once, oldest first
         self._size = 0
         self._lock = threading.Lock()  # searches of one segment run in several threads
 
@@ -231,10 +239,17 @@ class LeafCache:
                 self._entries[leaf] = found  # most recently used last
             return found
 
-    def put(self, leaf: Match | Range, ids: np.ndarray) -> None:
+    def put(self, leaf: Match | Range, ids: np.ndarray, cheap: bool = False) -> None:
+        """Remember `leaf`'s ids; a `cheap` one only at its second offer."""
         if ids.size > self.max_ids:
             return
         with self._lock:
+            if cheap and leaf not in self._offered:
+                self._offered[leaf] = None  # first offer: remembered as a key only
+                if len(self._offered) > LEAF_CACHE_OFFERED:
+                    del self._offered[next(iter(self._offered))]
+                return
+            self._offered.pop(leaf, None)
             old = self._entries.pop(leaf, None)
             self._size += ids.size - (0 if old is None else old.size)
             self._entries[leaf] = ids

@@ -90,6 +90,7 @@ class SealedSegment:
         self.directory = directory
         self.entry = entry
         self.number = entry.number
+        self._name = f"segment {self.number}"  # in log lines and errors
         self.dim = dim
         for name, expected in entry.files.items():
             _check_size(directory / name, expected)
@@ -97,7 +98,7 @@ class SealedSegment:
         self._db = self._open_items()
         self.fields = fx.read_selection(self._db)
         self._leaf_cache = fx.LeafCache()
-        self._range_columns = RangeColumns(self._db, self.fields, name=f"segment {self.number}")
+        self._range_columns = RangeColumns(self._db, self.fields, name=self._name)
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         # the DBA vector set (augment.py), when a merge computed one: (index, raw)
@@ -239,10 +240,10 @@ class SealedSegment:
             return found
         if isinstance(leaf, Range):  # a range that varies: from its column (columns.py)
             found = self._range_columns.ids_in(leaf)
-            if found is not None:
-                return found  # any range is one pass over it: not cached
-        found = fx.leaf_ids(self._db, leaf, self.fields, f"segment {self.number}")
-        self._leaf_cache.put(leaf, found)
+        from_column = found is not None
+        if found is None:
+            found = fx.leaf_ids(self._db, leaf, self.fields, self._name)
+        self._leaf_cache.put(leaf, found, cheap=from_column)
         return found
 
     def _view(self, augmented: bool) -> tuple[VectorIndex, np.ndarray]:
