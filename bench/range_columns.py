@@ -32,15 +32,14 @@ from bench.machine import cpu_model, git, load_average
 from index.filters import parse_filter
 from index.store import IndexStore
 from index.store import fields as fx
-from index.store.columns import COLUMN_BUDGET_ROWS, read_column
+from index.store.columns import COLUMN_BUDGET_ROWS, NUMBERS_OF_PATH, read_column
 
 SHARES = (0.01, 0.1, 0.5, 1.0)
-SQL = "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real')"
 
 
 def read_via_list(db, path: str) -> tuple[np.ndarray, np.ndarray]:
     """The rows fetched into a list first, then copied into arrays (the reference)."""
-    rows = db.execute(SQL, (path,)).fetchall()
+    rows = db.execute(NUMBERS_OF_PATH, (path,)).fetchall()
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     values = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
     order = np.argsort(ids, kind="stable")

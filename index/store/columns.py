@@ -2,10 +2,10 @@
 
 A catalogue's price slider sends a new range with every query: the field index
 (fields.py) answers each with an index range scan whose cost grows with the items it
-allows (about 0.3 µs an item: 33 ms for 100,000), and the leaf cache never meets the
-same range twice. A column, the field's value for every item that has one (ids
-sorted, float64 values aligned), answers any range with one vectorised comparison
-(about 5 ns an item) and gives the ids already sorted.
+allows (0.3-0.5 µs an item: 33-44 ms for 100,000 on the machines measured), and the
+leaf cache rarely meets the same range twice. A column, the field's value for every
+item that has one (ids sorted, float64 values aligned), answers any range with one
+vectorised comparison (about 5 ns an item) and gives the ids already sorted.
 
 A path gets its column at its `COLUMN_AFTER_RANGES`-th distinct range in a segment
 (one range, however often it repeats, stays with the field index and the leaf
@@ -15,12 +15,12 @@ Values compare as floats, the reference rule of `filters.Range.holds`.
 
 A segment keeps its columns for its life (its items never change; a merge makes a new
 segment with columns of its own), within `COLUMN_BUDGET_ROWS` rows: a path whose
-column does not fit in what is left (its read stops one row past the room) stays
-with the field index for good, logged once. Evicting a
-column for another would re-read both, each a full pass over the path's index rows,
-whenever queries alternate between them; the first paths to vary keep theirs. A column
-is read outside the lock, so searches on other paths go on meanwhile, and searches on
-the path being read use the field index until it is there.
+column does not fit in what is left (its read stops one row past the room) stays with
+the field index for good, logged once. Evicting a column for another would re-read
+both, each a full pass over the path's index rows, whenever queries alternate between
+them; the first paths to vary keep theirs. A column is read outside the lock, so
+searches on other paths go on meanwhile, and searches on the path being read use the
+field index until it is there.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ COLUMN_AFTER_RANGES = 2
 """Distinct ranges on a path that read its column (the first one reads the index)."""
 COLUMN_BUDGET_ROWS = 16 * 1024 * 1024
 """Rows of the columns a segment keeps (16 bytes each: 256 MB at most)."""
+NUMBERS_OF_PATH = (
+    "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real')"
+)
+"""The field index's numeric rows of one path (texts and booleans are not numbers)."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,7 @@ def read_column(db: sqlite3.Connection, path: str, max_rows: int) -> Column | No
     """The numbers of `path` in the field index as a Column; None when an item has
     several (a list field) or there are more than `max_rows` (the read stops there).
     Rows stream from the cursor into the arrays, without a Python list of them all."""
-    rows = db.execute(
-        "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real') "
-        "LIMIT ?",
-        (path, max_rows + 1),
-    )
+    rows = db.execute(f"{NUMBERS_OF_PATH} LIMIT ?", (path, max_rows + 1))
     pairs = np.fromiter(rows, dtype=[("id", np.int64), ("value", np.float64)])
     if pairs.size > max_rows:
         return None
