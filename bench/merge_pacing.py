@@ -119,10 +119,9 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="parent of the temporary folder")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    threads = 1 if args.merge_threads is None else args.merge_threads
-    if min(args.rounds, args.idle_searches, threads) < 1:
-        ap.error("--rounds, --idle-searches and --merge-threads must be at least 1")
     merge_threads = default_merge_threads() if args.merge_threads is None else args.merge_threads
+    if min(args.rounds, args.idle_searches, merge_threads) < 1:
+        ap.error("--rounds, --idle-searches and --merge-threads must be at least 1")
     faiss.omp_set_num_threads(1)  # this thread's searches only: OpenMP's count is per thread
     info = {
         "cpu": cpu_model(),
