@@ -18,6 +18,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from test_serve_install import ALWAYS_BLOCKED as TORCH_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("training", "index", "service", "distributed")
@@ -199,8 +200,6 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
 
 # -- the house rules the graph also answers -----------------------------------------------
 
-TORCH_PACKAGES = {"torch", "torchvision", "timm"}
-"""What the serving install leaves out (pyproject's train extra)."""
 TORCH_FREE = ("index", "service")
 MAX_PRODUCT_LINES = 600
 

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import faiss
 
+from service import maintenance
 from service.maintenance import MERGE_NICE, pace_this_thread
 
 
@@ -28,8 +29,6 @@ def test_a_paced_thread_has_its_own_faiss_threads_and_a_lower_priority() -> None
 
 
 def test_merges_default_to_half_the_cores_this_process_may_use(monkeypatch) -> None:
-    from service import maintenance
-
     monkeypatch.setattr(maintenance, "cpu_count", lambda: 5)
     assert maintenance.default_merge_threads() == 2
     monkeypatch.setattr(maintenance, "cpu_count", lambda: 1)
