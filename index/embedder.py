@@ -39,6 +39,7 @@ from .images import (
 )
 from .model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata, ModelMetadataError
 from .preprocess import Preprocessor
+from .unit_vectors import l2_normalize
 from .vips_decode import decoder_setting
 
 logger = logging.getLogger("vitrieval.embedder")
@@ -223,6 +224,9 @@ class Embedder:
 
     def _run(self, chunk: np.ndarray) -> np.ndarray:
         (out,) = self._session.run([OUTPUT_NAME], {INPUT_NAME: chunk})
+        # the exported model already normalises; doing it again is cheap and keeps the
+        # inner-product-is-cosine contract for quantised models, whose last ops are
+        # approximate
         return l2_normalize(out)
 
     def _iter(
@@ -281,17 +285,6 @@ class Embedder:
                 return f"cannot decode image ({type(exc).__name__}: {exc})"
 
         return prepare
-
-
-def l2_normalize(x: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit L2 norm, in float32; all-zero rows stay zero.
-
-    The exported model already normalises; doing it again is cheap and keeps the
-    inner-product-is-cosine contract for quantised models, whose last ops are approximate.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, np.float32(1e-12))
 
 
 def select_providers(device: str, *, log: bool = True) -> list[tuple[str, dict[str, Any]]]:

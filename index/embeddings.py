@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .atomic import atomic_path, atomic_write_text
+from .unit_vectors import unit_rows
 
 META_FILE = "embeddings.json"
 ERRORS_FILE = "errors.csv"
@@ -53,8 +54,6 @@ FORMAT = "vitrieval-embeddings"
 VERSION = 1
 BATCH_ROWS = 8192
 """Rows per Parquet row group written, and per batch read by default."""
-MIN_NORM = 1e-6
-"""Vectors shorter than this cannot be normalised; they are refused."""
 
 REQUIRED = ("key", "embedding")
 OPTIONAL = ("label", "path", "metadata")
@@ -377,16 +376,17 @@ def _vectors(part: Path, column: pa.Array, dim: int, keys: list[str], start: int
     if values.null_count:
         row = int(np.flatnonzero(~values.is_valid().to_numpy(zero_copy_only=False))[0]) // dim
         raise EmbeddingsError(f"{where(row)} has a null inside its embedding")
-    x = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(n, dim)
+    # float64: a float64 column's large values stay finite until normalised
+    x = values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False).reshape(n, dim)
     finite = np.isfinite(x).all(axis=1)
     if not finite.all():
         row = int(np.flatnonzero(~finite)[0])
         raise EmbeddingsError(f"{where(row)} has a NaN or infinite value in its embedding")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    if (norms < MIN_NORM).any():
-        row = int(np.flatnonzero(norms[:, 0] < MIN_NORM)[0])
+    unit, ok = unit_rows(x)
+    if not ok.all():
+        row = int(np.flatnonzero(~ok)[0])
         raise EmbeddingsError(f"{where(row)} has an all-zero embedding (it has no direction)")
-    return np.ascontiguousarray(x / norms, dtype=np.float32)
+    return np.ascontiguousarray(unit)
 
 
 def _metadata(part: Path, value: str | None, key: str) -> dict | None:

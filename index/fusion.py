@@ -23,6 +23,8 @@ from typing import Literal, Protocol, TypeVar, get_args
 
 import numpy as np
 
+from .unit_vectors import CANCELLED_NORM, unit_rows
+
 Fusion = Literal["mean", "max"]
 FUSIONS: tuple[str, ...] = get_args(Fusion)
 DEFAULT_FUSION: Fusion = "mean"
@@ -50,13 +52,13 @@ def fuse_mean(vectors: np.ndarray) -> np.ndarray:
     if x.ndim != 2 or x.shape[0] < 1:
         raise ValueError(f"fuse_mean needs (m, d) vectors with m >= 1, got {x.shape}")
     mean = x.astype(np.float64).mean(axis=0)
-    norm = float(np.linalg.norm(mean))
-    if not np.isfinite(norm) or norm < 1e-6:
+    unit, ok = unit_rows(mean[None, :])
+    if not ok[0] or float(np.linalg.norm(mean)) < CANCELLED_NORM:
         raise FusionError(
             "the query images' embeddings cancel each other out (their mean is zero): "
             "fuse them with max instead"
         )
-    return (mean / norm).astype(np.float32)
+    return unit[0]
 
 
 def merge_max(rows: Sequence[Sequence[tuple[int, H]]], k: int) -> list[tuple[int, H]]:

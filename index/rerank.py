@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .metrics import QueryMetrics, query_metrics
+from .unit_vectors import CANCELLED_NORM, unit_rows
 
 DEFAULT_AQE_NEIGHBOURS = 2
 DEFAULT_AQE_ALPHA = 3.0
@@ -63,8 +64,13 @@ def expand_queries(
 
         q' = normalise(q + sum_i max(s_i, 0)^alpha * x_i).
 
-    A neighbour slot that is all zeros (fewer than n hits) adds nothing.
+    A neighbour slot that is all zeros (fewer than n hits) adds nothing. A row whose
+    sum has no direction is never searched with: where it cancels out (shorter than
+    `CANCELLED_NORM`; with alpha 0 a hit of -q weighs 1, and q + (-q) = 0) or is not
+    finite, the row is the query itself, normalised.
     """
+    # the weighted sum in float32 (bounded values; a DBA block of neighbours is large),
+    # its normalisation in float64 (unit_rows)
     q = np.asarray(queries, dtype=np.float32)
     x = np.asarray(neighbours, dtype=np.float32)
     s = np.asarray(scores, dtype=np.float32)
@@ -73,9 +79,16 @@ def expand_queries(
             f"expand_queries needs (q, d), (q, n, d), (q, n); got {q.shape}, {x.shape}, {s.shape}"
         )
     weights = np.power(np.clip(s, 0.0, None), np.float32(alpha))
-    expanded = q + np.einsum("qn,qnd->qd", weights, x)
-    norms = np.linalg.norm(expanded, axis=1, keepdims=True)
-    return (expanded / np.maximum(norms, 1e-12)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # non-finite rows fall back below
+        expanded = q + np.einsum("qn,qnd->qd", weights, x)
+        lengths = np.linalg.norm(expanded.astype(np.float64), axis=1)
+    unit, ok = unit_rows(expanded)
+    keep = ok & (lengths >= CANCELLED_NORM)
+    if keep.all():
+        return unit
+    plain, _ = unit_rows(q[~keep])
+    unit[~keep] = plain
+    return unit
 
 
 def augment_database(

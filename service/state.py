@@ -21,6 +21,7 @@ from index.embedder import CPU, Embedder, select_providers
 from index.images import DecodeBudget, DecodeBudgetBusy
 from index.shards import ShardedStore, open_index
 from index.store import IndexStore
+from index.unit_vectors import unit_rows
 
 from .batching import DynamicBatcher
 from .errors import ApiError, image_error
@@ -236,14 +237,24 @@ def prepare_image(
 
 
 def check_vector(values: list[float], dim: int) -> np.ndarray:
-    """A query vector from a client, checked against the index's `dim` and normalised."""
-    vector = np.asarray(values, dtype=np.float32)
+    """A vector from a client (a query, an item), checked against the index's `dim` and
+    normalised (`index.unit_vectors`: any finite values, however large or small, that
+    are not all zero)."""
+    vector = np.asarray(values, dtype=np.float64)
     if vector.shape != (dim,):
         raise ApiError(422, "bad_vector", f"vector has {vector.size} values, the index is {dim}-d")
-    norm = float(np.linalg.norm(vector))
-    if not np.isfinite(norm) or norm == 0:
-        raise ApiError(422, "bad_vector", "vector must be finite and non-zero")
-    return vector / norm
+    if not np.isfinite(vector).all():
+        at = int(np.flatnonzero(~np.isfinite(vector))[0])
+        raise ApiError(
+            422,
+            "bad_vector",
+            f"vector[{at}] is not a finite number (NaN, or infinite: JSON numbers beyond "
+            "1.8e308 read as infinity)",
+        )
+    unit, ok = unit_rows(vector[None, :])
+    if not ok[0]:
+        raise ApiError(422, "bad_vector", "vector is all zeros: it has no direction")
+    return unit[0]
 
 
 def _elapsed_ms(started: float) -> float:
