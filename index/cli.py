@@ -318,14 +318,40 @@ def _info_value(value: object) -> str:
 def _verify(args: argparse.Namespace) -> int:
     from .shards import open_index
 
+    if args.repair:
+        _repair_journals(args.index)
     with open_index(args.index, verify=True) as store:  # StoreError: one line, exit 2
         info = store.info()
+        stores = getattr(store, "shards", [store])  # a sharded index: each shard's items
+        legacy = [found for s in stores for found in s.legacy_items()]
     files = len(info["files"])
     print(
         f"{args.index}: {files} files verified ({info['bytes_on_disk']:,} bytes, "
         f"{len(info['segments'])} segments, {info['count']} items): every checksum holds"
     )
+    if legacy:
+        key, problem = legacy[0]
+        print(
+            f"{args.index}: {len(legacy)} item(s) hold what this version refuses at add "
+            f"(e.g. {key!r}: {problem}); they stay searchable and `vitrieval-index remove` "
+            "deletes them"
+        )
     return 0
+
+
+def _repair_journals(index: str) -> None:
+    """`verify --repair`: set aside the journal rows this version cannot apply."""
+    from .shards.layout import store_directories
+    from .store import manifest as mf
+    from .store.journal_repair import REJECTED_FILE, repair_journal
+
+    for directory in store_directories(index):
+        moved = repair_journal(directory, mf.read_manifest(directory).dim)
+        if moved:
+            print(
+                f"{directory}: {moved} journal row(s) that cannot be applied set aside in "
+                f"{directory / REJECTED_FILE}"
+            )
 
 
 def _upgrade(args: argparse.Namespace) -> int:
@@ -464,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="check every file of an index against its checksums (exit 2 if not)"
     )
     verify.add_argument("index")
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="first move journal rows that cannot be applied (written by an older "
+        "version) aside into a rejected-rows file beside the journal, keeping every other row",
+    )
     verify.set_defaults(handler=_verify)
 
     upgrade = sub.add_parser(

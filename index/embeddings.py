@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .atomic import atomic_path, atomic_write_text
+from .store.filters import find_outside_int64, int64_message
 from .unit_vectors import unit_rows
 
 META_FILE = "embeddings.json"
@@ -398,4 +399,7 @@ def _metadata(part: Path, value: str | None, key: str) -> dict | None:
         raise EmbeddingsError(f"{part}: key {key!r}: metadata is not JSON ({exc})") from None
     if not isinstance(parsed, dict):
         raise EmbeddingsError(f"{part}: key {key!r}: metadata must be a JSON object")
+    place = find_outside_int64(parsed, "metadata")
+    if place is not None:
+        raise EmbeddingsError(f"{part}: key {key!r}: {int64_message(place)}")
     return parsed

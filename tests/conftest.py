@@ -8,6 +8,15 @@ import pytest
 from ray_cluster import ray_address  # noqa: F401  (the session's Ray cluster, a fixture)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--filter-cases",
+        type=int,
+        default=None,
+        help="random filters per plan in tests/test_filter_differential.py (default 2000)",
+    )
+
+
 def export_tiny(seed: int, path: Path) -> Path:
     """Export an untrained `tiny` ViT + GGeM (32 px input, 128-d output) built from `seed`."""
     import torch

@@ -61,6 +61,14 @@ def is_sharded(directory: str | Path) -> bool:
     return (Path(directory) / SHARDS_FILE).is_file()
 
 
+def store_directories(directory: str | Path) -> list[Path]:
+    """The store folders of an index: its shards' for a sharded index, else itself."""
+    directory = Path(directory)
+    if not is_sharded(directory):
+        return [directory]
+    return [directory / name for name in read_shards_manifest(directory).shards]
+
+
 @dataclass(frozen=True)
 class ShardsManifest:
     """shards.json, parsed and checked."""

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import StoreError
+from .filters import find_outside_int64, int64_message
 
 UNIT_NORM_TOLERANCE = 1e-3  # |norm - 1| allowed for added vectors (float32 rounding is ~1e-7)
 
@@ -53,6 +54,9 @@ def text_column(values: Sequence[Any] | None, n: int, name: str) -> list[str | N
 
 
 def metadata_column(values: Sequence[Any] | None, n: int) -> list[str]:
+    """Per-item metadata as JSON text ("{}" for none); each a dict of JSON values whose
+    integers fit int64 (SQLite's integers: a larger one could be journalled, then
+    never applied)."""
     if values is None:
         return ["{}"] * n
     if len(values) != n:
@@ -61,6 +65,9 @@ def metadata_column(values: Sequence[Any] | None, n: int) -> list[str]:
     for value in values:
         if value is not None and not isinstance(value, dict):
             raise StoreError(f"metadata entries must be dicts, got {type(value).__name__}")
+        place = find_outside_int64(value, "metadata")
+        if place is not None:
+            raise StoreError(int64_message(place))
         try:
             encoded.append(json.dumps(value or {}, sort_keys=True, allow_nan=False))
         except (TypeError, ValueError) as exc:
@@ -93,3 +100,29 @@ def check_ids(ids: Any, n: int, next_id: int) -> np.ndarray:
     if n and (x[0] < next_id or (np.diff(x) <= 0).any()):
         raise StoreError(f"ids must increase and start at {next_id} or later")
     return x
+
+
+def checked_items(
+    keys: Sequence[str],
+    vectors: Any,
+    dim: int,
+    labels: Sequence[Any] | None,
+    paths: Sequence[Any] | None,
+    metadata: Sequence[Any] | None,
+) -> tuple[list[str], np.ndarray, list[str | None], list[str | None], list[str]]:
+    """Everything an add checks before it changes anything: (keys, float32 (n, dim)
+    unit vectors, labels, paths, metadata JSON texts). The journal's repair asks the
+    same of each row it replays."""
+    keys = check_keys(keys)
+    x = as_matrix(vectors, dim, "vectors")
+    if len(x) != len(keys):
+        raise StoreError(f"{len(keys)} keys but {len(x)} vectors")
+    check_unit(x)
+    n = len(keys)
+    return (
+        keys,
+        x,
+        text_column(labels, n, "labels"),
+        text_column(paths, n, "paths"),
+        (metadata_column(metadata, n)),
+    )

@@ -11,7 +11,11 @@ A path gets its column at its `COLUMN_AFTER_RANGES`-th distinct range in a segme
 (one range, however often it repeats, stays with the field index and the leaf
 cache), when it is in the segment's field index and holds at most one number per
 item; otherwise (a list of numbers, such as sizes) it stays with the field index.
-Values compare as floats, the reference rule of `filters.Range.holds`.
+The column holds float64 values, so it answers only what float64 answers exactly,
+as `filters.Range.holds` compares: a path holding an integer beyond 2**53 in
+magnitude (an int64 id, a nanosecond timestamp) stays with the field index, which
+compares integers exactly, and so does a range whose integer bound float64 cannot
+hold; every other value and bound is a float64 exactly, and so is the comparison.
 
 A segment keeps its columns for its life (its items never change; a merge makes a new
 segment with columns of its own), within `COLUMN_BUDGET_ROWS` rows: a path whose
@@ -45,6 +49,12 @@ NUMBERS_OF_PATH = (
     "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real')"
 )
 """The field index's numeric rows of one path (texts and booleans are not numbers)."""
+EXACT_FLOAT_INTEGERS = 2**53
+"""Integers of at most this magnitude are float64 values exactly."""
+LARGE_INTEGERS_OF_PATH = (
+    "SELECT 1 FROM fields WHERE path = ? AND typeof(value) = 'integer' "
+    "AND (value > ? OR value < ?) LIMIT 1"
+)
 
 
 @dataclass(frozen=True)
@@ -72,8 +82,12 @@ class Column:
 
 def read_column(db: sqlite3.Connection, path: str, max_rows: int) -> Column | None:
     """The numbers of `path` in the field index as a Column; None when an item has
-    several (a list field) or there are more than `max_rows` (the read stops there).
-    Rows stream from the cursor into the arrays, without a Python list of them all."""
+    several (a list field), there are more than `max_rows` (the read stops there) or
+    an integer float64 cannot hold. Rows stream from the cursor into the arrays,
+    without a Python list of them all."""
+    limit = EXACT_FLOAT_INTEGERS
+    if db.execute(LARGE_INTEGERS_OF_PATH, (path, limit, -limit)).fetchone():
+        return None
     rows = db.execute(f"{NUMBERS_OF_PATH} LIMIT ?", (path, max_rows + 1))
     pairs = np.fromiter(rows, dtype=[("id", np.int64), ("value", np.float64)])
     if pairs.size > max_rows:
@@ -112,6 +126,8 @@ class RangeColumns:
         path = leaf.field.name
         if leaf.field.label or not self._selection.covers(path):
             return None
+        if not all(b is None or float(b) == b for b in leaf.bounds()):
+            return None  # an integer bound float64 rounds: the field index is exact
         column = self._column(path, leaf)
         return None if column is None else column.ids_in(leaf)
 
@@ -138,7 +154,8 @@ class RangeColumns:
             if column is None or self._rows + column.ids.size > self._budget:
                 self._index_only.add(path)
                 logger.info(
-                    "%s: ranges on %r stay with the field index (a list field, or no room "
+                    "%s: ranges on %r stay with the field index (a list field, an integer beyond "
+                    "2**53, or no room "
                     "left in the segment's %d column rows)",
                     self._name,
                     path,

@@ -23,18 +23,11 @@ import numpy as np
 from ..rerank import DEFAULT_DBA_ALPHA
 from . import manifest as mf
 from .augment import check_dba
-from .checks import (
-    as_matrix,
-    check_ids,
-    check_keys,
-    check_unit,
-    metadata_column,
-    text_column,
-)
+from .checks import as_matrix, check_ids, checked_items
 from .errors import DamagedIndexError, KeyExistsError, StoreError
 from .fields import FieldSelection, check_field_paths
 from .filters import Filter
-from .health import scrub_store, verify_store
+from .health import legacy_items, scrub_store, verify_store
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import Journal, JournalOwner
 from .loading import create_store, open_store
@@ -301,14 +294,9 @@ class IndexStore:
         insertion order; `ids` gives them instead (increasing, from `next_id` on: a
         sharded index numbers its items across shards, so ties order as in one store).
         """
-        keys = check_keys(keys)
-        x = as_matrix(vectors, self.dim, "vectors")
-        if len(x) != len(keys):
-            raise StoreError(f"{len(keys)} keys but {len(x)} vectors")
-        check_unit(x)
-        labels_ = text_column(labels, len(keys), "labels")
-        paths_ = text_column(paths, len(keys), "paths")
-        metadata_ = metadata_column(metadata, len(keys))
+        keys, x, labels_, paths_, metadata_ = checked_items(
+            keys, vectors, self.dim, labels, paths, metadata
+        )
         if not keys:
             return
         if self.needs_training():
@@ -523,6 +511,10 @@ class IndexStore:
     def verify(self) -> None:
         """Check every byte of every committed file against its checksum (StoreError)."""
         verify_store(self)
+
+    def legacy_items(self) -> list[tuple[str, str]]:
+        """(key, problem) of items this version would refuse at add (health.py)."""
+        return legacy_items(self)
 
     def scrub(
         self, bytes_per_s: float | None = None, stop: threading.Event | None = None

@@ -8,7 +8,9 @@ metadata `{"colour": "red", "sizes": [38, 39], "shop": {"city": "Oslo"}}` gives 
 rows (colour, 'red'), (sizes, 38), (sizes, 39), (shop.city, 'Oslo'). An index on
 (path, value, id) answers a match or a range condition without reading any item's
 JSON. Booleans are stored as one-byte blobs, so `true` never equals 1 and a range
-(numbers only) never meets them: SQLite orders numbers < text < blobs.
+(numbers only) never meets them: SQLite orders numbers < text < blobs. Integers are
+stored as SQLite integers and compared exactly, with integer and float bounds alike
+(SQLite compares an integer with a real by value, without rounding either).
 
 A condition on a field the segment did not index (a selection that leaves it out,
 or a segment written before the field index existed) is answered by reading the
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .filters import FieldRef, Match, Range, field_values
+from .filters import FieldRef, Match, Range, field_values, is_scalar
 
 logger = logging.getLogger(__name__)
 
@@ -95,16 +97,10 @@ def flatten(metadata: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str
             yield from flatten(value, f"{path}.")
         elif isinstance(value, list):
             for element in value:
-                if _scalar(element):
+                if is_scalar(element):
                     yield path, _encode(element)
-        elif _scalar(value):
+        elif is_scalar(value):
             yield path, _encode(value)
-
-
-def _scalar(value: Any) -> bool:
-    return isinstance(value, str | bool | int) or (
-        isinstance(value, float) and value == value and abs(value) != float("inf")
-    )
 
 
 def _encode(value: Any) -> Any:
@@ -171,7 +167,7 @@ def leaf_ids(
     return _ids(db.execute(sql, (field.name, *args)))
 
 
-def _range_sql(leaf: Range) -> tuple[list[str], list[float]]:
+def _range_sql(leaf: Range) -> tuple[list[str], list[int | float]]:
     # numbers sort before text and blobs: `value < ''` keeps an open range on numbers
     clauses, args = ["typeof(value) IN ('integer', 'real')"], []
     for op, bound in ((">", leaf.gt), (">=", leaf.gte), ("<", leaf.lt), ("<=", leaf.lte)):

@@ -19,7 +19,12 @@ A condition is one of::
 that is itself called "label" is reached as `metadata.label` (any key may carry that
 prefix). A field holding a list of scalars matches when any element does; a missing
 field matches nothing (so `must_not` keeps items without it). Booleans equal only
-booleans (`true` is not 1). Object keys containing a dot are not addressable.
+booleans (`true` is not 1). Numbers compare exactly as the numbers they are: an
+integer is never rounded to a float (2**53 + 1 is above 2**53, and equals no float),
+and an integer equals a float of the same value (1 equals 1.0). Integers fit the
+64-bit range (`INT64_MIN`..`INT64_MAX`): the store refuses others in metadata and in
+filters, and one found in an older index's metadata is not a value filters see.
+Object keys containing a dot are not addressable.
 
 `parse_filter` checks a filter and returns it as a `Filter`; `Filter.matches` is the
 reference evaluation on one item (the store evaluates filters from its indexes,
@@ -44,7 +49,11 @@ MAX_FILTER_DEPTH = 8
 MAX_ANY_VALUES = 1024
 MAX_KEY_LENGTH = 256
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The integers the store keeps (SQLite's and numpy's int64): others are refused."""
+
 Scalar = str | int | float | bool
+Number = int | float
 
 
 class FilterError(StoreError):
@@ -64,8 +73,28 @@ class FieldRef:
         return ".".join(self.path)
 
 
-@dataclass(frozen=True)
-class Match:
+def typed(value: Scalar | None) -> tuple[str, Scalar | None]:
+    """`value` with its type's name: Python has `True == 1 == 1.0` with equal hashes,
+    so conditions compared or hashed by their plain values would alias (a remembered
+    answer to `match: true` served for `match: 1`)."""
+    return (type(value).__name__, value)
+
+
+class _TypedKey:
+    """Equality and hashing by `key()`, whose values carry their types."""
+
+    def key(self) -> tuple:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.key() == self.key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+
+@dataclass(frozen=True, eq=False)
+class Match(_TypedKey):
     """The field equals one of `values` (one value for a plain match)."""
 
     field: FieldRef
@@ -74,27 +103,39 @@ class Match:
     def holds(self, found: list[Scalar]) -> bool:
         return any(_same(v, w) for v in found for w in self.values)
 
+    def key(self) -> tuple:
+        return (self.field, tuple(typed(v) for v in self.values))
 
-@dataclass(frozen=True)
-class Range:
-    """The field is a number (not a boolean) within the bounds given (None: open)."""
+
+@dataclass(frozen=True, eq=False)
+class Range(_TypedKey):
+    """The field is a number (not a boolean) within the bounds given (None: open).
+
+    Bounds keep their type: an integer bound is compared as an integer (Python and
+    SQLite compare an integer with a float exactly)."""
 
     field: FieldRef
-    gt: float | None = None
-    gte: float | None = None
-    lt: float | None = None
-    lte: float | None = None
+    gt: Number | None = None
+    gte: Number | None = None
+    lt: Number | None = None
+    lte: Number | None = None
 
     def holds(self, found: list[Scalar]) -> bool:
-        return any(_is_number(v) and self.admits(float(v)) for v in found)
+        return any(_is_number(v) and self.admits(v) for v in found)
 
-    def admits(self, x: float) -> bool:
+    def admits(self, x: Number) -> bool:
         return (
             (self.gt is None or x > self.gt)
             and (self.gte is None or x >= self.gte)
             and (self.lt is None or x < self.lt)
             and (self.lte is None or x <= self.lte)
         )
+
+    def bounds(self) -> tuple[Number | None, ...]:
+        return (self.gt, self.gte, self.lt, self.lte)
+
+    def key(self) -> tuple:
+        return (self.field, tuple(typed(b) for b in self.bounds()))
 
 
 Condition = Union[Match, Range, "Filter"]
@@ -139,8 +180,8 @@ def field_values(field: FieldRef, label: str | None, metadata: Mapping[str, Any]
             return []
         node = node[part]
     if isinstance(node, list):
-        return [v for v in node if _is_scalar(v)]
-    return [node] if _is_scalar(node) else []
+        return [v for v in node if is_scalar(v)]
+    return [node] if is_scalar(node) else []
 
 
 def _holds(condition: Condition, label: str | None, metadata: Mapping[str, Any]) -> bool:
@@ -149,9 +190,48 @@ def _holds(condition: Condition, label: str | None, metadata: Mapping[str, Any])
     return condition.holds(field_values(condition.field, label, metadata))
 
 
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, str | bool | int) or (
-        isinstance(value, float) and math.isfinite(value)
+def is_scalar(value: Any) -> bool:
+    """Whether filters see `value`: a string, a boolean, an int64 integer or a finite
+    float (the values the field index stores)."""
+    if isinstance(value, bool | str):
+        return True
+    if isinstance(value, int):
+        return INT64_MIN <= value <= INT64_MAX
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def outside_int64(value: Any) -> bool:
+    """An integer (not a boolean) that int64 cannot hold."""
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not INT64_MIN <= value <= INT64_MAX
+    )
+
+
+def find_outside_int64(value: Any, where: str) -> str | None:
+    """The dotted place (from `where`) of the first integer in decoded JSON `value`
+    that int64 cannot hold, or None."""
+    if outside_int64(value):
+        return where
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            found = find_outside_int64(item, f"{where}.{name}")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = find_outside_int64(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def int64_message(where: str) -> str:
+    """The one wording of the refusal (metadata, filters, bounds)."""
+    return (
+        f"{where}: integers must lie within the 64-bit range ({INT64_MIN} to "
+        f"{INT64_MAX}); send a larger number as a string or a float"
     )
 
 
@@ -246,7 +326,9 @@ def _parse_key(raw: Any, where: str) -> FieldRef:
 def _parse_scalar(raw: Any, where: str) -> Scalar:
     if isinstance(raw, float) and not math.isfinite(raw):
         raise FilterError(f"{where} must be a finite number")
-    if not _is_scalar(raw):
+    if outside_int64(raw):
+        raise FilterError(int64_message(where))
+    if not is_scalar(raw):
         raise FilterError(f"{where} must be a string, a number or a boolean")
     return raw
 
@@ -274,9 +356,11 @@ def _parse_range(field: FieldRef, raw: Any, where: str) -> Range:
         raise FilterError(
             f"{where}: unknown bound {unknown[0]!r} (bounds: {', '.join(RANGE_BOUNDS)})"
         )
-    bounds: dict[str, float] = {}
+    bounds: dict[str, Number] = {}
     for name, value in raw.items():
+        if outside_int64(value):
+            raise FilterError(int64_message(f"{where}.{name}"))
         if not _is_number(value) or not math.isfinite(value):
             raise FilterError(f"{where}.{name} must be a finite number")
-        bounds[name] = float(value)
+        bounds[name] = value
     return Range(field, **bounds)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import TYPE_CHECKING
 
 from . import manifest as mf
 from .errors import ScrubStopped, StoreError
+from .filters import find_outside_int64
 
 if TYPE_CHECKING:
     from .core import IndexStore
@@ -41,3 +43,21 @@ def scrub_store(
         except StoreError as exc:
             store.mark_damaged(segment, str(exc))
     return store.damaged_segments()
+
+
+def legacy_items(store: IndexStore, chunk: int = 10_000) -> list[tuple[str, str]]:
+    """(key, what) for the items written before this version refused them: metadata
+    holding an integer outside int64 (kept and returned as written; filters do not see
+    it). They stay searchable, and `remove` deletes them."""
+    with store._lock:
+        segments = list(store._segments())
+    found = []
+    for segment in segments:
+        ids = [item_id for item_id, _ in segment.keys_by_id()]
+        for start in range(0, len(ids), chunk):
+            described = segment.describe(ids[start : start + chunk])
+            for key, _label, _path, metadata in described.values():
+                place = find_outside_int64(json.loads(metadata or "{}"), "metadata")
+                if place is not None:
+                    found.append((key, f"{place} is an integer outside int64"))
+    return found

@@ -259,6 +259,12 @@ class Journal:
         """Delete rows with seq > `after` (a mutation that failed after being journalled)."""
         self._db.execute("DELETE FROM ops WHERE seq > ?", (after,))
 
+    def delete(self, seqs: Sequence[int]) -> None:
+        """Delete the rows `seqs` in one durable transaction (rows set aside)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.executemany("DELETE FROM ops WHERE seq = ?", [(int(s),) for s in seqs])
+        self._db.execute("COMMIT")
+
     def last_seq(self) -> int:
         (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM ops").fetchone()
         return int(last)

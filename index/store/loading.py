@@ -17,6 +17,7 @@ from . import manifest as mf
 from .errors import StoreError
 from .fields import FieldSelection, check_field_paths
 from .journal import JOURNAL_FILE, Journal, JournalOwner
+from .journal_repair import row_problem, unappliable_row
 from .legacy import legacy_message, open_legacy
 from .persist import TUNABLE_PARAMS
 from .segment import SealedSegment
@@ -133,6 +134,9 @@ def attach_journal(store: IndexStore, *, create: bool) -> None:
         for entry in journal.entries():
             if entry.seq <= held:
                 continue
+            problem = row_problem(entry, store.dim)
+            if problem is not None:
+                raise unappliable_row(store.directory, entry, problem)
             if entry.op == "add":
                 store.add(
                     [entry.key],
