@@ -9,6 +9,7 @@ page, and an unexpected server fault answers a bare 500 JSON body without a trac
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,6 +25,7 @@ from index.images import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
+from index.store import DamagedIndexError, JournalWriteError, StoreError
 
 logger = logging.getLogger("vitrieval.service")
 
@@ -63,6 +65,49 @@ def image_error(exc: Exception, name: str = "the image") -> ApiError:
         return ApiError(422, "corrupt_image", detail)
     # hostile files can make PIL plugins raise odd types; still the client's input
     return ApiError(422, "corrupt_image", f"{name}: cannot decode image ({type(exc).__name__})")
+
+
+STORAGE_FAILED = (
+    "the server cannot write to its storage now (a full or failing disk): nothing was "
+    "stored; retry later"
+)
+INDEX_DAMAGED = (
+    "a segment of the index failed verification: the index takes no changes until it is "
+    "restored from a backup"
+)
+INDEX_REFUSED = "the index refused the request (the server's log says why)"
+
+# a server path in a message: "/" at the start of a word (a key such as "shop/12" has
+# a word before its slash); what the store names its folder and files with
+_SERVER_PATH = re.compile(r"(?:^|[\s'\"`(=])/[^\s/]")
+
+
+def storage_error(exc: BaseException) -> ApiError:
+    """503 `storage_unavailable` for a write the server's disk refused (an OSError such
+    as ENOSPC, EDQUOT or EIO, or the journal's JournalWriteError): the server's fault,
+    not the client's. The detail names files; it goes to the log, not to the client."""
+    logger.error("a write failed, nothing was stored: %s", exc)
+    return ApiError(503, "storage_unavailable", STORAGE_FAILED)
+
+
+def store_error(exc: StoreError, status: int, code: str) -> ApiError:
+    """The API error for a StoreError a route met: the storage failing (the journal, a
+    damaged segment) is a 503 `storage_unavailable`; anything else `status` and `code`
+    with the error's `public` sentence. The store's own message may name the index's
+    folder (the command line's user owns the machine; a client does not): one that
+    names a path and has no public sentence is answered with INDEX_REFUSED, and logged."""
+    if isinstance(exc, JournalWriteError):
+        return storage_error(exc)
+    if isinstance(exc, DamagedIndexError):
+        logger.warning("a change was refused: %s", exc)
+        return ApiError(503, "storage_unavailable", INDEX_DAMAGED)
+    if exc.public is not None:
+        return ApiError(status, code, exc.public)
+    message = str(exc)
+    if _SERVER_PATH.search(message):
+        logger.warning("refused with %d %s: %s", status, code, message)
+        return ApiError(status, code, INDEX_REFUSED)
+    return ApiError(status, code, message)
 
 
 def error_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:

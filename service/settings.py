@@ -141,6 +141,13 @@ class Settings(BaseSettings):
             raise ValueError(f"API keys must be at least {MIN_KEY_LENGTH} characters")
         return key
 
+    @field_validator("model", "index")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        # absolute from the start: the messages that name the index's files are then
+        # recognisably server paths, which the service keeps out of its answers
+        return None if path is None else path.absolute()
+
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:
         if self.max_body_memory_bytes < self.max_body_bytes:

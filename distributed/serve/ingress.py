@@ -32,7 +32,7 @@ from ray.serve.handle import DeploymentHandle
 
 from index.shards import is_sharded, merge_ranked, shard_of
 from index.shards.layout import read_shards_manifest, split_by_shard
-from index.shards.store import combine_info, merge_labelled
+from index.shards.store import combine_info, merge_labelled, no_dba_error
 from index.store import Hit, ItemRecord
 from service.app import build_app
 from service.errors import ApiError
@@ -101,6 +101,8 @@ class RemoteIndex:
         filter: Mapping[str, Any] | None = None,
         augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
+        if augmented and self.manifest is not None:  # as ShardedStore.ranked_search says
+            raise no_dba_error(self.directory)
         exclude = list(exclude_keys)
         excluded = split_by_shard(exclude, len(self.shards))
         flt = None if filter is None else dict(filter)

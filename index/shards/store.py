@@ -37,6 +37,17 @@ from .layout import (
     split_by_shard,
 )
 
+NO_DBA = (
+    "a sharded index has no DBA vectors: DBA needs every item's neighbours in the whole "
+    "index, which its shards do not see"
+)
+
+
+def no_dba_error(directory: Path) -> StoreError:
+    """What a sharded index answers to a search against DBA vectors (its shards would
+    each blame themselves, naming their folders)."""
+    return StoreError(f"{directory}: {NO_DBA}", public=f"this index is sharded, and {NO_DBA}")
+
 
 class ShardedStore:
     """A sharded index directory (layout.py), opened: the IndexStore methods the
@@ -223,7 +234,10 @@ class ShardedStore:
             for shard, positions in owned.items():
                 store = self.shards[shard]
                 if store.needs_training():
-                    raise StoreError(f"{store.directory} must be trained first")
+                    raise StoreError(
+                        f"{store.directory} must be trained first",
+                        public="the index is not trained yet: it takes items once built",
+                    )
                 if store.damaged_segments():
                     raise DamagedIndexError(
                         f"{store.directory}: segment(s) failed verification; the index takes "
@@ -283,6 +297,8 @@ class ShardedStore:
         by ascending item id (ids are numbered across the shards)."""
         if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
             raise StoreError(f"k must be an integer >= 1, got {k!r}")
+        if augmented:
+            raise no_dba_error(self.directory)
         q = as_matrix(queries, self.dim, "queries")
         flt = None if filter is None else parse_filter(filter)  # parsed once for all shards
         exclude = list(exclude_keys)
@@ -344,10 +360,7 @@ class ShardedStore:
         """DBA takes each item's neighbours from the whole index; a shard sees only its
         part, so a sharded index has none."""
         if neighbours is not None:
-            raise StoreError(
-                f"{self.directory} is a sharded index: DBA needs every item's neighbours in "
-                "the whole index, which its shards do not see (not supported)"
-            )
+            raise StoreError(f"{self.directory}: {NO_DBA}")
 
     def compact(self) -> None:
         for shard in self.shards:

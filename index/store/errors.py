@@ -9,8 +9,16 @@ class StoreError(RuntimeError):
     """Every user-facing failure of the index store, as one clear sentence.
 
     Callers (the CLI, the service) catch this one type and show its message; anything
-    else escaping the store is a bug.
+    else escaping the store is a bug. The message may name the index's folder and the
+    commands to run on it: the command line's user owns the machine. `public`, when
+    given, says the same to a client of the HTTP service, who does not: no server path
+    (a command to run calls the folder INDEX). The service logs the message and answers
+    `public` (service.errors.store_error).
     """
+
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = public
 
 
 class KeyExistsError(StoreError):

@@ -49,9 +49,10 @@ def ranked_search(
     if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
         raise StoreError(f"k must be an integer >= 1, got {k!r}")
     if augmented and store.dba is None:
+        how = "compute them with `vitrieval-index configure {} --dba`"
         raise StoreError(
-            f"{store.directory} has no DBA vectors: compute them with "
-            f"`vitrieval-index dba {store.directory}`"
+            f"{store.directory} has no DBA vectors: {how.format(store.directory)}",
+            public=f"this index has no DBA vectors: {how.format('INDEX')}",
         )
     q = as_matrix(queries, store.dim, "queries")
     flt = as_filter(filter, label)

@@ -21,7 +21,7 @@ from index.metrics import retrieval_metrics
 from index.store import StoreError
 
 from ..deps import ReadAccess, ServiceDep
-from ..errors import ApiError, error_responses
+from ..errors import ApiError, error_responses, store_error
 from ..inputs import RequestBody, decode_base64
 from ..schemas import EvaluateRequest, LabelledQuery
 from ..state import ServiceState, Timings
@@ -59,10 +59,11 @@ async def _evaluate(state: ServiceState, body: EvaluateRequest) -> dict[str, Any
         )
     except FilterError as exc:  # the request model checked it: a field the index lacks
         raise ApiError(422, "invalid_request", str(exc)) from None
-    except StoreError as exc:
-        raise ApiError(
-            413, "too_many_items", f"{exc}; evaluate offline with vitrieval-index bench"
-        ) from None
+    except StoreError as exc:  # more labelled items than max_evaluate_items
+        error = store_error(exc, 413, "too_many_items")
+        if error.status == 413:
+            error.detail = f"{error.detail}; evaluate offline with vitrieval-index bench"
+        raise error from None
     if len(labels) < 2:
         which = " matching the filter" if body.filter is not None else ""
         raise ApiError(

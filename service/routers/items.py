@@ -10,6 +10,7 @@ the rest of the path as the key, so a key cannot end in `/thumbnail`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 from pathlib import Path
 from typing import Annotated
@@ -20,10 +21,10 @@ from PIL import Image
 from pydantic import AfterValidator
 
 from index.images import open_image
-from index.store import DamagedIndexError, JournalWriteError, KeyExistsError, StoreError
+from index.store import KeyExistsError, StoreError
 
 from ..deps import ReadAccess, ServiceDep, WriteAccess
-from ..errors import ApiError, error_responses
+from ..errors import ApiError, error_responses, storage_error, store_error
 from ..inputs import RequestBody
 from ..schemas import ItemCreate, ItemDeleted, ItemOut, ItemWritten
 from ..state import Timings
@@ -57,7 +58,10 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
         raise ApiError(422, "invalid_request", "give exactly one of: an image, or a vector")
     if image is not None:
         vector = await state.embed_upload(image, Timings())
-        path, created = await asyncio.to_thread(state.save_upload, image.data)
+        try:
+            path, created = await asyncio.to_thread(state.save_upload, image.data)
+        except OSError as exc:  # ENOSPC, EDQUOT, EIO...: as the journal failing, a 503
+            raise storage_error(exc) from None
     else:
         vector, path, created = state.check_vector(item.vector), None, False
     metadata = item.metadata or {}
@@ -71,9 +75,10 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
             metadata=[metadata],
             replace=item.replace,
         )
-    except StoreError as exc:
+    except (StoreError, OSError) as exc:
         if created:  # nobody refers to the upload: do not leave it behind
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         raise _store_error(exc, item.key) from None
     return ItemWritten(
         key=item.key,
@@ -140,26 +145,26 @@ async def get_item(
     response_model=ItemDeleted,
     summary="Delete an item",
     dependencies=[WriteAccess],
-    responses=error_responses(401, 403, 404),
+    responses=error_responses(401, 403, 404, 503),
 )
 async def delete_item(key: KeyPath, state: ServiceDep) -> ItemDeleted:
     try:
         removed = await state.index.remove([key])
-    except StoreError as exc:
+    except (StoreError, OSError) as exc:
         raise _store_error(exc, key) from None
     if not removed:
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")
     return ItemDeleted(key=key, deleted=True)
 
 
-def _store_error(exc: StoreError, key: str) -> ApiError:
+def _store_error(exc: StoreError | OSError, key: str) -> ApiError:
+    if isinstance(exc, OSError):
+        return storage_error(exc)
     if isinstance(exc, KeyExistsError):
         return ApiError(
             409, "key_exists", f"an item with key {key!r} exists; send replace=true to overwrite it"
         )
-    if isinstance(exc, JournalWriteError | DamagedIndexError):  # nothing was stored
-        return ApiError(503, "storage_unavailable", str(exc))
-    return ApiError(409, "index_refused", str(exc))  # e.g. an IVF index not trained yet
+    return store_error(exc, 409, "index_refused")  # e.g. an IVF index not trained yet
 
 
 def _thumbnail(path: Path, size: int, max_pixels: int) -> bytes | None:

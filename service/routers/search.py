@@ -19,7 +19,7 @@ from index.query import AQE, Where, search_fused
 from index.store import StoreError
 
 from ..deps import ReadAccess, ServiceDep
-from ..errors import ApiError, error_responses
+from ..errors import ApiError, error_responses, store_error
 from ..inputs import ImageUpload, RequestBody
 from ..schemas import (
     MAX_QUERY_IMAGES,
@@ -105,8 +105,10 @@ async def _search(
         found = await search_fused(
             state.index, vectors, k, fusion=fusion, where=where, rerank=rerank
         )
-    except (StoreError, FusionError) as exc:
+    except FusionError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from None
+    except StoreError as exc:  # no DBA vectors, a filter on what the index lacks...
+        raise store_error(exc, 422, "invalid_request") from None
     timings.search = (time.perf_counter() - started) * 1000
     state.metrics.observe_stage("search", timings.search / 1000)
     return [
