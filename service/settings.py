@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from index.images import DEFAULT_MAX_PIXELS
@@ -19,6 +19,24 @@ from index.images import DEFAULT_MAX_PIXELS
 from .schemas import MAX_K
 
 MIN_KEY_LENGTH = 12
+
+
+def api_key_problem(key: str) -> str | None:
+    """Why an API key could never be sent in the X-API-Key header and match (None: it
+    can). Clients strip a header value's leading and trailing whitespace (a key read
+    from a file keeps its newline) and send ASCII: such a key would start a server on
+    which every mutation is a 401. The key itself is never quoted (it is a secret)."""
+    if len(key.strip()) < MIN_KEY_LENGTH:
+        return f"must be at least {MIN_KEY_LENGTH} characters"
+    if key != key.strip():
+        return "starts or ends with whitespace (a newline left by reading it from a file?)"
+    odd = next((i for i, char in enumerate(key) if not " " <= char <= "~"), None)
+    if odd is not None:
+        return (
+            f"has a character an HTTP header cannot carry (character {odd + 1}, not printable "
+            "ASCII); use letters, digits and punctuation"
+        )
+    return None
 
 
 class Settings(BaseSettings):
@@ -136,9 +154,12 @@ class Settings(BaseSettings):
 
     @field_validator("api_key", "read_api_key")
     @classmethod
-    def _long_enough(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None and len(key.get_secret_value().strip()) < MIN_KEY_LENGTH:
-            raise ValueError(f"API keys must be at least {MIN_KEY_LENGTH} characters")
+    def _usable_key(cls, key: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if key is None:
+            return None
+        problem = api_key_problem(key.get_secret_value())
+        if problem:
+            raise ValueError(f"VITRIEVAL_{str(info.field_name).upper()} {problem}")
         return key
 
     @field_validator("model", "index")
