@@ -2,7 +2,8 @@
 
 The lifespan handler loads the model and the index once (or adopts a state the CLI
 already loaded, so start-up errors are reported before the server binds), starts the
-dynamic batcher and the index's upkeep (checkpoints, merges, scrub: maintenance.py),
+dynamic batcher and the index's upkeep (checkpoints, merges, scrub: maintenance.py;
+read-only, following a writer's commits: index/follow.py),
 and on shutdown saves what the journal holds and closes the index.
 """
 
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
             asyncio.create_task(checkpoint_loop(loaded), name="vitrieval-checkpoint"),
             asyncio.create_task(scrub_loop(loaded), name="vitrieval-scrub"),
         ]
+        if loaded.follower is not None:  # read-only: answer from each new commit
+            upkeep.append(asyncio.create_task(loaded.follower.follow(), name="vitrieval-follow"))
         logger.info(
             "serving %d items of %s with %s", len(loaded.store), settings.index, settings.model
         )

@@ -13,16 +13,19 @@ request models before it gets here, and handed on as it is (it pickles, for Ray)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from index.follow import CommitFollower
 from index.query import stored_vectors
 from index.shards import ShardedStore
 from index.store import Hit, IndexStore, ItemRecord
 
 Filter = Mapping[str, Any] | None
+Store = IndexStore | ShardedStore
+T = TypeVar("T")
 
 
 class IndexAccess(Protocol):
@@ -76,17 +79,32 @@ class IndexAccess(Protocol):
 
 
 class LocalIndex:
-    """`IndexAccess` over a store opened in this process."""
+    """`IndexAccess` over a store opened in this process; with a `follower` (a
+    read-only server), over whichever commit it answers from at the time of each call."""
 
-    def __init__(self, store: IndexStore | ShardedStore) -> None:
-        self.store = store
+    def __init__(
+        self, store: IndexStore | ShardedStore, follower: CommitFollower | None = None
+    ) -> None:
+        self._store = store
+        self._follower = follower
         self.dim = store.dim
 
+    @property
+    def store(self) -> IndexStore | ShardedStore:
+        return self._follower.store if self._follower is not None else self._store
+
+    async def _call(self, call: Callable[[Store], T]) -> T:
+        """`call(store)` in a worker thread (the store's calls block on its locks and on
+        FAISS); a followed store stays open until the call ends."""
+        if self._follower is None:
+            return await asyncio.to_thread(call, self._store)
+        return await asyncio.to_thread(self._follower.read, call)
+
     async def get(self, key: str) -> ItemRecord | None:
-        return await asyncio.to_thread(self.store.get, key)
+        return await self._call(lambda store: store.get(key))
 
     async def contains(self, key: str) -> bool:
-        return await asyncio.to_thread(self.store.__contains__, key)
+        return await self._call(lambda store: key in store)
 
     async def ranked_search(
         self,
@@ -98,18 +116,19 @@ class LocalIndex:
         filter: Filter = None,
         augmented: bool = False,
     ) -> list[list[tuple[int, Hit]]]:
-        return await asyncio.to_thread(
-            self.store.ranked_search,
-            queries,
-            k,
-            label=label,
-            exclude_keys=exclude_keys,
-            filter=filter,
-            augmented=augmented,
+        return await self._call(
+            lambda store: store.ranked_search(
+                queries,
+                k,
+                label=label,
+                exclude_keys=exclude_keys,
+                filter=filter,
+                augmented=augmented,
+            )
         )
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
-        return await asyncio.to_thread(stored_vectors, self.store, keys)
+        return await self._call(lambda store: stored_vectors(store, keys))
 
     async def add(
         self,
@@ -121,26 +140,22 @@ class LocalIndex:
         metadata: Sequence[dict | None],
         replace: bool,
     ) -> None:
-        await asyncio.to_thread(
-            self.store.add,
-            keys,
-            vectors,
-            labels=labels,
-            paths=paths,
-            metadata=metadata,
-            replace=replace,
+        await self._call(
+            lambda store: store.add(
+                keys, vectors, labels=labels, paths=paths, metadata=metadata, replace=replace
+            )
         )
 
     async def remove(self, keys: Sequence[str]) -> int:
-        return await asyncio.to_thread(self.store.remove, keys)
+        return await self._call(lambda store: store.remove(keys))
 
     async def labelled_items(
         self, limit: int | None, filter: Filter = None
     ) -> tuple[list[str], list[str], np.ndarray]:
-        return await asyncio.to_thread(self.store.labelled_items, limit, filter)
+        return await self._call(lambda store: store.labelled_items(limit, filter))
 
     async def info(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self.store.info)  # waits out a running save
+        return await self._call(lambda store: store.info())  # waits out a running save
 
     async def damaged_segments(self) -> list[tuple[Any, str]]:
         return list(self.store.damaged_segments())  # lock-free: no thread needed

@@ -12,7 +12,12 @@
 - Scrub: `scrub_delay_s` after start and every `scrub_interval_s` after, every sealed
   segment is verified against its checksums at `scrub_bytes_per_s`; a damaged one is
   taken out of service, logged, and reported by /readyz and /metrics.
-- At shutdown, what the journal holds is saved.
+- A checkpoint that cannot take the folder's writer lock within
+  `index.store.manifest.WRITER_LOCK_WAIT_S` (another process holds it) fails like any
+  failed save: the journal keeps everything, it is retried `checkpoint_interval_s`
+  later, and /readyz says "degraded" meanwhile (service/upkeep.py).
+- At shutdown, what the journal holds is saved (a save that cannot take the lock gives
+  up after the same bound: the journal keeps it for the next start).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import faiss
+
+from index.store.errors import WriterLockTimeout
 
 from .layout import cpu_count
 from .state import ServiceState
@@ -81,8 +88,17 @@ async def checkpoint_loop(state: ServiceState) -> None:
             try:
                 await asyncio.to_thread(state.store.save)
                 pending_since = None
-            except Exception:  # the journal still holds everything: retry later
-                logger.exception("saving the index failed; mutations stay in the journal")
+                state.checkpoints.succeeded()
+                state.metrics.last_checkpoint.set(state.checkpoints.last_success or 0)
+            except Exception as exc:  # the journal still holds everything: retry later
+                first = not state.checkpoints.stalled
+                state.checkpoints.failed(exc)
+                state.metrics.checkpoint_failures.inc()
+                if isinstance(exc, WriterLockTimeout):  # one line: not a bug of ours
+                    log = logger.error if first else logger.warning
+                    log("checkpoint stalled, mutations stay in the journal: %s", exc)
+                else:
+                    logger.exception("saving the index failed; mutations stay in the journal")
                 pending_since = time.monotonic()
                 continue
             idle = merging is None or merging.done()
@@ -113,7 +129,7 @@ async def scrub_loop(state: ServiceState) -> None:
     stop = threading.Event()  # a thread cannot be cancelled: it is asked to stop
     try:
         while True:
-            damaged = await asyncio.to_thread(state.store.scrub, settings.scrub_bytes_per_s, stop)
+            damaged = await asyncio.to_thread(_scrub, state, settings.scrub_bytes_per_s, stop)
             if damaged:
                 logger.error(
                     "index %s: segment(s) %s failed verification and are out of service; "
@@ -126,10 +142,20 @@ async def scrub_loop(state: ServiceState) -> None:
         stop.set()
 
 
+def _scrub(state: ServiceState, bytes_per_s: float, stop: threading.Event) -> list:
+    """One scrub of the store answering now (a read-only server's moves with commits)."""
+    follower = getattr(state, "follower", None)
+    if follower is None:
+        return state.store.scrub(bytes_per_s, stop)
+    return follower.read(lambda store: store.scrub(bytes_per_s, stop))
+
+
 def final_save(state: ServiceState) -> None:
     if state.settings.read_only or not state.store.journal_pending:
         return
     try:
         state.store.save()
+    except WriterLockTimeout as exc:
+        logger.error("final save gave up; the journal keeps the mutations for next start: %s", exc)
     except Exception:
         logger.exception("final save failed; the journal keeps the mutations for next start")

@@ -92,6 +92,16 @@ class ServiceMetrics:
         self.merges = Counter(
             "vitrieval_index_merges", "background merges of index segments", registry=r
         )
+        self.last_checkpoint = Gauge(
+            "vitrieval_last_checkpoint_timestamp_seconds",
+            "Unix time of the last successful checkpoint (0: none since start)",
+            registry=r,
+        )
+        self.checkpoint_failures = Counter(
+            "vitrieval_checkpoint_failures",
+            "checkpoints that failed (the journal kept their mutations; retried later)",
+            registry=r,
+        )
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()

@@ -18,6 +18,7 @@ from PIL import Image
 
 from index.atomic import atomic_write_bytes, fsync_dir
 from index.embedder import CPU, Embedder, select_providers
+from index.follow import CommitFollower
 from index.images import DecodeBudget, DecodeBudgetBusy
 from index.shards import ShardedStore, open_index
 from index.store import IndexStore
@@ -30,6 +31,7 @@ from .inputs import ImageUpload
 from .layout import model_layout
 from .metrics import ServiceMetrics
 from .settings import Settings
+from .upkeep import CheckpointStatus
 
 logger = logging.getLogger("vitrieval.service")
 
@@ -74,10 +76,17 @@ class ServiceState:
     ready: bool = False
     started: float = field(default_factory=time.time)
     evaluating: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # read-only: follows a writer's commits (`store` is then the first one opened)
+    follower: CommitFollower | None = None
+    checkpoints: CheckpointStatus = field(default_factory=CheckpointStatus)
     index: IndexAccess = field(init=False)
 
     def __post_init__(self) -> None:
-        self.index = LocalIndex(self.store)
+        self.index = LocalIndex(self.store, self.follower)
+
+    def current_store(self) -> IndexStore | ShardedStore:
+        """The store answering now: a read-only server's moves with the writer's commits."""
+        return self.follower.store if self.follower is not None else self.store
 
     @classmethod
     def load(cls, settings: Settings, metrics: ServiceMetrics | None = None) -> ServiceState:
@@ -104,13 +113,18 @@ class ServiceState:
             )
         except Exception as exc:  # ModelMetadataError, OSError, and ONNX Runtime's own types
             raise StartupError(f"cannot load model {settings.model}: {exc}") from None
-        try:
-            store = open_index(
+
+        def opener() -> IndexStore | ShardedStore:
+            return open_index(
                 settings.index,
                 fingerprint=embedder.fingerprint,
                 dim=embedder.dim,
                 journal=not settings.read_only,
             )
+
+        try:
+            follower = CommitFollower(settings.index, opener) if settings.read_only else None
+            store = follower.store if follower is not None else opener()
         except (StoreError, OSError) as exc:
             raise StartupError(f"cannot open index {settings.index}: {exc}") from None
         batcher = DynamicBatcher(
@@ -133,6 +147,7 @@ class ServiceState:
             decode_budget=DecodeBudget(
                 settings.decode_memory_bytes, wait_s=min(10.0, settings.request_timeout_s)
             ),
+            follower=follower,
         )
         try:
             state.self_check = state._self_check()
@@ -140,9 +155,9 @@ class ServiceState:
             state.close()
             raise StartupError(f"self-check failed: {exc}") from None
         metrics.track_index(
-            lambda: len(store),
-            lambda: store.journal_pending,
-            lambda: len(store.damaged_segments()),
+            lambda: len(state.current_store()),
+            lambda: state.current_store().journal_pending,
+            lambda: len(state.current_store().damaged_segments()),
         )
         return state
 
@@ -190,6 +205,8 @@ class ServiceState:
 
     def close(self) -> None:
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
+        if self.follower is not None:
+            self.follower.close()
         self.store.close()
 
 

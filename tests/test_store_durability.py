@@ -19,6 +19,7 @@ import pytest
 from store_helpers import build, flip_byte, unit_vectors  # tests/store_helpers.py
 
 from index.store import IndexStore, StoreError
+from index.store.leases import LEASE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,7 +122,7 @@ def test_debris_is_ignored_on_load_and_cleaned_on_save(saved_index: Path) -> Non
     assert len(store) == 200
     store.remove(["0"])
     store.save()
-    names = sorted(p.name for p in saved_index.iterdir())
+    names = sorted(p.name for p in saved_index.iterdir() if p.name != LEASE_DIR)
     assert names == [
         ".lock",
         "manifest.json",
@@ -143,25 +144,36 @@ def test_second_writer_is_refused(saved_index: Path) -> None:
     assert "2" in IndexStore.open(saved_index)
 
 
-def test_open_retries_when_a_save_lands_meanwhile(saved_index: Path, monkeypatch) -> None:
+def test_an_open_keeps_its_generation_when_a_merge_lands_meanwhile(
+    saved_index: Path, monkeypatch
+) -> None:
     import index.store.segment as segment_module
 
     real_init = segment_module.SealedSegment.__init__
     raced: list[int] = []
 
     def open_after_a_racing_merge(self, directory, entry, *args):
-        if not raced:  # another process merges segment 1 away and deletes its files
+        if not raced:  # another process merges segment 1 away while it is being opened
             raced.append(entry.number)
             other = IndexStore.open(saved_index)
             other.remove([str(i) for i in range(50)])
             other.save()  # 50 of 200 tombstones: the segment is rewritten as segment 2
+            other.close()
         return real_init(self, directory, entry, *args)
 
     monkeypatch.setattr(segment_module.SealedSegment, "__init__", open_after_a_racing_merge)
     store = IndexStore.open(saved_index)
     assert raced == [1]
-    assert store.info()["generation"] == 3 and len(store) == 150 and "5" not in store
-    assert [s["number"] for s in store.info()["segments"]] == [2]
+    # the open's reader lease kept generation 1's files: it answers from it, whole
+    assert store.info()["generation"] == 1 and len(store) == 200 and "5" in store
+    assert (saved_index / "seg.1.faiss").exists()
+    store.verify()  # every file it reads is still there
+    store.close()
+    writer = IndexStore.open(saved_index)
+    writer.remove(["60"])
+    writer.save()  # no reader holds generation 1 any more: its files go
+    assert not (saved_index / "seg.1.faiss").exists()
+    assert writer.info()["generation"] == 4 and len(writer) == 149
 
 
 @pytest.mark.parametrize("factory", ["Flat", "HNSW16"])

@@ -13,10 +13,6 @@ DEFAULT_INGRESS_REPLICAS = 1
 """Replicas of the HTTP ingress. Above 1 only read-only: with mutations on, the one
 ingress numbers new items across the shards."""
 
-FOLLOW_POLL_S = 2.0
-"""How often a shard replica looks at its shard's manifest.json (its mtime, size and
-inode) and reopens the shard when a writer has committed a new generation."""
-
 STATS_POLL_S = 5.0
 """How often the ingress refreshes the index gauges of /metrics (items, damaged
 segments) from the shards."""

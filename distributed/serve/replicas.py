@@ -10,13 +10,11 @@ same JSON error as the single-process server without unpicking Ray's error wrapp
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +22,17 @@ import numpy as np
 from ray import serve
 
 from index.embedder import Embedder
+from index.follow import FOLLOW_POLL_S, CommitFollower
 from index.images import DecodeBudget
 from index.model_metadata import ModelMetadata
 from index.query import stored_vectors
 from index.store import Hit, IndexStore, ItemRecord, StoreError
-from index.store import manifest as mf
 from service.errors import ApiError
 from service.maintenance import checkpoint_loop, final_save, scrub_loop
 from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.state import prepare_image, self_check
-
-from .options import FOLLOW_POLL_S
+from service.upkeep import CheckpointStatus
 
 logger = logging.getLogger("vitrieval.serve")
 
@@ -160,38 +157,36 @@ class _Upkeep:
     settings: Settings
     store: IndexStore
     metrics: ServiceMetrics
+    checkpoints: CheckpointStatus = field(default_factory=CheckpointStatus)
 
 
 class ShardReplica:
     """One shard of the index (or the whole of a single store).
 
-    A reader (`writer` None) opens the last commit read-only and reopens the shard when
-    a writer commits a new one (the manifest polled every FOLLOW_POLL_S). The writer
-    (`writer`: the service's settings, mutations on) is the shard's one replica: it
-    opens the shard with its journal, as the single-process server does, and runs the
-    same checkpoints, merges and scrub (`service.maintenance`), and a final save when
-    Serve stops it."""
+    A reader (`writer` None) answers from the last commit and follows a writer's
+    commits (`index.follow.CommitFollower`: the manifest polled every FOLLOW_POLL_S,
+    the files it reads held by a reader lease). The writer (`writer`: the service's
+    settings, mutations on) is the shard's one replica: it opens the shard with its
+    journal, as the single-process server does, and runs the same checkpoints, merges
+    and scrub (`service.maintenance`), and a final save when Serve stops it."""
 
     def __init__(
         self, directory: str, fingerprint: str | None, dim: int, writer: Settings | None = None
     ) -> None:
         self.directory = Path(directory)
-        self.fingerprint = fingerprint
-        self.dim = dim
-        self.stamp = self._manifest_stamp()
-        self._in_flight: dict[int, int] = {}  # id(store) -> reads running on it
-        self.store = IndexStore.open(
-            self.directory, fingerprint=fingerprint, dim=dim, journal=writer is not None
-        )
+        self.follower: CommitFollower | None = None
+        if writer is None:
+            self.follower = CommitFollower(
+                self.directory,
+                lambda: IndexStore.open(self.directory, fingerprint=fingerprint, dim=dim),
+            )
+            self.store = self.follower.store
+        else:
+            self.store = IndexStore.open(
+                self.directory, fingerprint=fingerprint, dim=dim, journal=True
+            )
         self.upkeep = _Upkeep(writer, self.store, ServiceMetrics()) if writer else None
         self._background: list[asyncio.Task[None]] = []
-
-    def _manifest_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.directory / mf.MANIFEST)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def _ensure_background(self) -> None:
         # the constructor runs outside the replica's event loop: started on first use
@@ -199,8 +194,8 @@ class ShardReplica:
         if self._background:
             return
         loop = asyncio.get_running_loop()
-        if self.upkeep is None:
-            self._background = [loop.create_task(self._follow_commits())]
+        if self.follower is not None:
+            self._background = [loop.create_task(self.follower.follow(FOLLOW_POLL_S))]
         else:
             self._background = [
                 loop.create_task(checkpoint_loop(self.upkeep)),  # type: ignore[arg-type]
@@ -209,24 +204,6 @@ class ShardReplica:
 
     async def check_health(self) -> None:
         self._ensure_background()
-
-    async def _follow_commits(self) -> None:
-        while True:
-            await asyncio.sleep(FOLLOW_POLL_S)
-            stamp = self._manifest_stamp()
-            if stamp is None or stamp == self.stamp:
-                continue
-            try:
-                fresh = await asyncio.to_thread(
-                    IndexStore.open, self.directory, fingerprint=self.fingerprint, dim=self.dim
-                )
-            except Exception:  # a commit being replaced under us: the next poll retries
-                logger.warning("reopening %s failed; retrying", self.directory, exc_info=True)
-                continue
-            old, self.store, self.stamp = self.store, fresh, stamp
-            # calls in flight finish on the old store: the last of them closes it
-            if not self._in_flight.get(id(old)):
-                _close_quietly(old)
 
     def __del__(self) -> None:
         # Serve stops a replica by calling this: what the writer's journal holds is saved
@@ -238,18 +215,11 @@ class ShardReplica:
     # -- reads --------------------------------------------------------------------------
 
     async def _read(self, call: Callable[[IndexStore], Any]) -> Any:
-        """`call(store)` in a worker thread on the store open now; a store replaced by a
-        newer commit meanwhile is closed when its last call ends, not before."""
-        store = self.store
-        self._in_flight[id(store)] = self._in_flight.get(id(store), 0) + 1
-        try:
-            return await asyncio.to_thread(call, store)
-        finally:
-            left = self._in_flight.pop(id(store)) - 1
-            if left:
-                self._in_flight[id(store)] = left
-            elif store is not self.store:
-                _close_quietly(store)
+        """`call(store)` in a worker thread on the store open now; a reader's store
+        replaced by a newer commit meanwhile is closed when its last call ends."""
+        if self.follower is None:
+            return await asyncio.to_thread(call, self.store)
+        return await asyncio.to_thread(self.follower.read, call)
 
     async def ranked_search(
         self,
@@ -316,7 +286,7 @@ class ShardReplica:
         """(live items, damaged segments, journal entries not yet saved): what /readyz
         and /metrics need, lock-free."""
         self._ensure_background()
-        store = self.store
+        store = self.follower.store if self.follower is not None else self.store
         return len(store), store.damaged_segments(), store.journal_pending
 
     # -- mutations (the writer) ----------------------------------------------------------
@@ -357,9 +327,3 @@ class ShardReplica:
             return await asyncio.to_thread(self.store.remove, keys)
         except StoreError as exc:
             return StoreFailure(exc)
-
-
-def _close_quietly(store: IndexStore) -> None:
-    """Close a store no call uses any more; a failure only leaves it to the collector."""
-    with contextlib.suppress(Exception):
-        store.close()

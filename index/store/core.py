@@ -24,12 +24,14 @@ from ..rerank import DEFAULT_DBA_ALPHA
 from . import manifest as mf
 from .augment import check_dba
 from .checks import as_matrix, check_ids, checked_items
+from .damage import mark_damaged, take_out_changed
 from .errors import DamagedIndexError, KeyExistsError, StoreError
 from .fields import FieldSelection, check_field_paths
 from .filters import Filter
 from .health import legacy_items, scrub_store, verify_store
 from .items import Hit, ItemRecord, ItemTable, Row
 from .journal import Journal, JournalOwner
+from .leases import Lease
 from .loading import create_store, open_store
 from .memory_segment import MemorySegment
 from .merge import TOMBSTONE_FRACTION, pick_merge
@@ -104,6 +106,7 @@ class IndexStore:
         self._journal_seq = 0  # last journal row reflected in memory
         self._journal_pending = 0  # rows no save has committed (read without the lock)
         self._journal_owner: JournalOwner | None = None
+        self._lease: Lease | None = None  # on the committed files this store reads
         self._trainable = not new_faiss_index(dim, factory).is_trained
 
     # -- construction ------------------------------------------------------------------
@@ -191,10 +194,16 @@ class IndexStore:
         """Every segment searched, oldest first (damaged ones are out of service)."""
         return [*(s for s in self._sealed if not s.damaged), *self._sealing, self._growing]
 
+    def _serving(self) -> list[Segment]:
+        """`_segments()` once any sealed segment whose files changed on disk is out of
+        service (a stat a file: health.take_out_changed); reads call it, locked."""
+        take_out_changed(self)
+        return self._segments()
+
     def _locate(self, keys: Sequence[str]) -> list[tuple[Segment, dict[str, int]]]:
         """(segment, key -> id) for the live `keys`, per segment holding any."""
         found = []
-        for segment in self._segments():
+        for segment in self._serving():
             ids = segment.live_ids(keys)
             if ids:
                 found.append((segment, ids))
@@ -233,12 +242,12 @@ class IndexStore:
     def keys(self) -> list[str]:
         """Live keys in insertion (id) order."""
         with self._lock:
-            pairs = [pair for s in self._segments() for pair in s.keys_by_id()]
+            pairs = [pair for s in self._serving() for pair in s.keys_by_id()]
         return [key for _, key in sorted(pairs)]
 
     def get(self, key: str) -> ItemRecord | None:
         with self._lock:
-            for segment in reversed(self._segments()):
+            for segment in reversed(self._serving()):
                 record = segment.get(key)
                 if record is not None:
                     return record
@@ -529,17 +538,7 @@ class IndexStore:
     def mark_damaged(self, segment: SealedSegment, reason: str) -> None:
         """Take `segment` out of service, unless a merge replaced it meanwhile (its files
         are gone because they were merged, not damaged)."""
-        with self._lock:
-            if segment not in self._sealed:
-                return
-            segment.damaged = reason
-            self._damaged = {**self._damaged, segment.number: reason}
-        logger.error(
-            "segment %d of %s is damaged and out of service: %s",
-            segment.number,
-            self.directory,
-            reason,
-        )
+        mark_damaged(self, segment, reason)
 
     def damaged_segments(self) -> list[tuple[int, str]]:
         """(number, reason) of the segments out of service. Lock-free (a copy of a
@@ -578,6 +577,9 @@ class IndexStore:
             if self._journal_owner is not None:
                 self._journal_owner.release()
                 self._journal_owner = None
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
 
     def __enter__(self) -> IndexStore:
         return self

@@ -54,3 +54,8 @@ class DamagedIndexError(StoreError):
 
 class ScrubStopped(Exception):
     """A paced verification was asked to stop (not an error of the index)."""
+
+
+class WriterLockTimeout(StoreError):
+    """Another process held the folder's writer lock (.lock) longer than a save or a
+    merge waits for it: nothing was written; try again later."""

@@ -18,8 +18,9 @@ from .errors import StoreError
 from .fields import FieldSelection, check_field_paths
 from .journal import JOURNAL_FILE, Journal, JournalOwner
 from .journal_repair import row_problem, unappliable_row
+from .leases import Lease
 from .legacy import legacy_message, open_legacy
-from .persist import TUNABLE_PARAMS
+from .persist import TUNABLE_PARAMS, committed_files
 from .segment import SealedSegment
 from .vectors import VectorIndex, check_gpu_mode, new_faiss_index, start_template
 
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
     from .core import IndexStore
 
 logger = logging.getLogger(__name__)
-_OPEN_RETRIES = 3  # a writer committing meanwhile can remove files this open was about to map
+# a writer committing meanwhile can remove files this open was about to map; each try
+# takes milliseconds, commits come at most a few a second
+_OPEN_RETRIES = 10
 
 
 def check_model(path: Path, fingerprint: str | None, dim: int) -> tuple[Path, str]:
@@ -63,7 +66,27 @@ def check_expected(
         )
 
 
+class MovedOn(StoreError):
+    """A writer committed a newer generation while this open was taking its lease."""
+
+
 def load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str) -> IndexStore:
+    # the lease first, then the check that the generation is still the committed one:
+    # every commit after that check sees the lease and keeps these files (leases.py)
+    lease = Lease.take(directory, manifest.generation, committed_files(manifest))
+    try:
+        if mf.committed_generation(directory) != manifest.generation:
+            raise MovedOn(f"{directory}: a newer generation was committed meanwhile")
+        store = _load(cls, directory, manifest, gpu)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    store._lease = lease
+    return store
+
+
+def _load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str) -> IndexStore:
     if manifest.model and manifest.model.file and manifest.model.checksum:
         # small beside the segments, and what `search` embeds with: read in full
         mf.verify_file(directory, manifest.model.file, manifest.model.checksum)

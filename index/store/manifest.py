@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from .errors import ScrubStopped, StoreError
+from .errors import ScrubStopped, StoreError, WriterLockTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ MANIFEST = "manifest.json"
 MODEL_COPY_FILE = "model.onnx"
 METRIC = "inner_product"
 LOCK_FILE = ".lock"
+WRITER_LOCK_WAIT_S = 5.0
+"""The longest a save or a merge waits for DIR/.lock before giving up (it is retried
+later): short enough that a server's shutdown stays within its grace period."""
+_LOCK_POLL_S = 0.05
 _CHUNK = 1 << 20
 
 # Every name the store ever writes; only these are checked, read or cleaned up, so
@@ -515,16 +519,29 @@ def remove_stale(directory: Path, keep: set[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def writer_lock(directory: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on DIR/.lock for one save.
+def writer_lock(directory: Path, wait_s: float = WRITER_LOCK_WAIT_S) -> Iterator[None]:
+    """Hold an exclusive advisory lock on DIR/.lock for one save or merge.
 
     Two processes saving into one folder would otherwise race on the generation
     number; the kernel drops the lock if the holder dies, so a crash never leaves
-    the folder locked.
+    the folder locked. The wait is bounded (`wait_s`): a lock another process keeps
+    is a `WriterLockTimeout`, so a checkpoint retries later instead of hanging, and
+    a shutdown is never held up by it.
     """
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise WriterLockTimeout(
+                        f"{directory / LOCK_FILE} is held by another process (a save or "
+                        f"merge running elsewhere?); gave up after {wait_s:g} s"
+                    ) from None
+                time.sleep(_LOCK_POLL_S)
         yield
     finally:
         os.close(fd)

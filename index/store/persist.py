@@ -24,6 +24,7 @@ from . import manifest as mf
 from .augment import dba_augment
 from .errors import StoreError
 from .journal import JournalOwner
+from .leases import Lease, leased_files
 from .legacy import legacy_message
 from .memory_segment import MemorySegment
 from .merge import pick_merge
@@ -106,6 +107,8 @@ def merge(store: IndexStore, *, everything: bool = False, rewrite: bool = False)
         with store._lock:
             if store._legacy:
                 raise StoreError(legacy_message(store.directory))
+            if store._journal_owner is None:
+                JournalOwner.check_free(store.directory)  # a server owns this index
             healthy = [s for s in store._sealed if not s.damaged]
             picks = pick_merge(healthy, everything=everything)
             chosen = [healthy[i] for i in picks]
@@ -244,9 +247,24 @@ def _commit(
     )
     mf.write_manifest(store.directory, manifest)
     store._committed, store._base_generation, store._model = manifest, generation, model
-    keep = set(manifest.listed_files()) | ({model.file} if model and model.file else set())
-    removed = mf.remove_stale(store.directory, keep)
+    keep = committed_files(manifest)
+    # this store reads the new generation from now on: its lease follows it
+    old_lease, store._lease = store._lease, Lease.take(store.directory, generation, keep)
+    if old_lease is not None:
+        old_lease.release()
+    leased = leased_files(store.directory)
+    if leased is None:  # a live reader's lease could not be read: delete nothing now
+        logger.warning("%s: a reader lease is unreadable; stale files kept", store.directory)
+        return
+    removed = mf.remove_stale(store.directory, keep | leased)
     logger.debug("committed generation %d; removed %s", generation, removed)
+
+
+def committed_files(manifest: mf.Manifest) -> set[str]:
+    """Every file a generation consists of, the model copy included: what a reader of
+    it leases and what its commit keeps."""
+    model = manifest.model
+    return set(manifest.listed_files()) | ({model.file} if model and model.file else set())
 
 
 def _write_model(store: IndexStore, generation: int) -> mf.ModelEntry | None:
@@ -272,8 +290,7 @@ def _committed_model_file(store: IndexStore) -> str | None:
 def _write_tombstones(
     store: IndexStore, segment: SealedSegment, generation: int, ids: set[int]
 ) -> None:
-    entry = write_tombstones(store.directory, segment.number, generation, ids)
-    segment.entry = mf.SegmentEntry(segment.number, segment.entry.rows, segment.entry.files, entry)
+    segment.set_tombstones(write_tombstones(store.directory, segment.number, generation, ids))
 
 
 def _seal(

@@ -59,7 +59,7 @@ def ranked_search(
     merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
     with store._lock:
         excluded = store._locate(list(exclude_keys)) if exclude_keys else []
-        for segment in store._segments():
+        for segment in store._serving():
             if segment.live_count == 0:
                 continue
             blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
@@ -151,7 +151,7 @@ def labelled_items(
     """`IndexStore.labelled_items`: the labelled items a filter allows, in id order."""
     flt = as_filter(filter, None)
     with store._lock:
-        segments = store._segments()
+        segments = store._serving()
         if flt is None:
             n = sum(s.count_labelled() for s in segments)
         else:

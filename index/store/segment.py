@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -111,6 +112,8 @@ class SealedSegment:
         self.pending_tombstones: set[int] = set()
         self.live_count = entry.rows - len(self.committed_tombstones)
         self.damaged: str | None = None  # why a verification failed: out of service
+        # what each file was when opened: a search stats them first (changed_on_disk)
+        self._identity = {name: file_identity(directory / name) for name in entry.listed_files()}
 
     # -- opening ---------------------------------------------------------------------
 
@@ -183,6 +186,35 @@ class SealedSegment:
         ScrubStopped."""
         for name, expected in self.entry.files.items():
             mf.verify_file(self.directory, name, expected, bytes_per_s, stop)
+
+    def changed_on_disk(self) -> str | None:
+        """Why the segment's files are no longer the ones it opened (deleted, truncated,
+        replaced: their size, inode, device or mtime differ), or None. A stat a file:
+        searches call it first, as a memory-mapped file truncated under FAISS would
+        kill the process (SIGBUS) at the next read of a page past its new end."""
+        for name, seen in list(self._identity.items()):
+            path = self.directory / name
+            try:
+                now = file_identity(path)
+            except FileNotFoundError:
+                return f"{path} was deleted while in service"
+            except OSError as exc:
+                return f"cannot stat {path}: {exc.strerror or exc}"
+            if now != seen:
+                return (
+                    f"{path} changed on disk while in service ({seen[2]} bytes when opened, "
+                    f"{now[2]} now; truncated or replaced)"
+                )
+        return None
+
+    def set_tombstones(self, tombstones: mf.TombstoneEntry) -> None:
+        """A save wrote the segment's tombstones anew (under a new name): record it."""
+        identity = dict(self._identity)  # replaced whole: searches read it unlocked
+        if self.entry.tombstones is not None:
+            identity.pop(self.entry.tombstones.name, None)
+        identity[tombstones.name] = file_identity(self.directory / tombstones.name)
+        self.entry = mf.SegmentEntry(self.number, self.entry.rows, self.entry.files, tombstones)
+        self._identity = identity
 
     # -- state -----------------------------------------------------------------------
 
@@ -332,6 +364,13 @@ class SealedSegment:
     def close(self) -> None:
         self._db.close()
         self._raw = None  # type: ignore[assignment]
+
+
+def file_identity(path: Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime in ns) of `path`: what changes when a file is
+    replaced, truncated or rewritten."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _check_size(path: Path, expected: mf.FileEntry) -> None:

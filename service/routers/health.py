@@ -8,11 +8,14 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from index.store.damage import damage_code
+
 from .. import __version__
 from ..deps import ReadAccess, ServiceDep
 from ..errors import error_responses
 from ..metrics import CONTENT_TYPE
 from ..schemas import Status
+from ..upkeep import CHECKPOINT_STALLED
 
 router = APIRouter(tags=["health"])
 
@@ -29,23 +32,41 @@ async def healthz() -> Status:
     responses={503: {"model": Status}},
 )
 async def readyz(request: Request) -> Any:
+    """200 "ready"; 200 "degraded" (still serving, an operator should look: `reasons`
+    says why); 503 "loading" or "failing". Status and reason codes only: the details,
+    which name files, are in the log."""
     state = getattr(request.app.state, "service", None)
     if state is None or not state.ready:
         return JSONResponse({"status": "loading", "checks": {}}, status_code=503)
     damaged = await state.index.damaged_segments()
-    checks = {
+    checks: dict[str, Any] = {
         "model": True,
         "index": not damaged,
         "self_check": state.self_check,
         "batcher": state.batcher.alive,
     }
+    reasons = []
     if damaged:
         # searches still answer, without the damaged segments' items: not ready
         checks["damaged_segments"] = [
-            {"segment": number, "reason": reason} for number, reason in damaged
+            {"segment": number, "reason": damage_code(reason)} for number, reason in damaged
         ]
-    if not state.batcher.alive or damaged:
+        reasons.append("damaged_segments")
+    if not state.batcher.alive:
+        reasons.append("batcher_stopped")
+    if reasons:
+        checks["reasons"] = reasons
         return JSONResponse({"status": "failing", "checks": checks}, status_code=503)
+    checkpoints = getattr(state, "checkpoints", None)  # a Ray ingress has none
+    if checkpoints is not None and checkpoints.stalled:
+        # a single writer stays in its load balancer: the journal keeps every write
+        checks["checkpoint"] = {
+            "reason": checkpoints.failure,
+            "journal_pending": state.current_store().journal_pending,
+            "last_success": checkpoints.last_success,
+        }
+        checks["reasons"] = [CHECKPOINT_STALLED]
+        return Status(status="degraded", checks=checks)
     return Status(status="ready", checks=checks)
 
 
