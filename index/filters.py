@@ -6,6 +6,8 @@ field indexes); its docstring is the language's reference.
 
 from .store.filters import (
     CLAUSES,
+    INT64_MAX,
+    INT64_MIN,
     LABEL_KEY,
     MAX_ANY_VALUES,
     MAX_FILTER_CONDITIONS,
@@ -14,11 +16,15 @@ from .store.filters import (
     FilterError,
     Match,
     Range,
+    find_outside_int64,
+    int64_message,
     parse_filter,
 )
 
 __all__ = [
     "CLAUSES",
+    "INT64_MAX",
+    "INT64_MIN",
     "LABEL_KEY",
     "MAX_ANY_VALUES",
     "MAX_FILTER_CONDITIONS",
@@ -27,5 +33,7 @@ __all__ = [
     "FilterError",
     "Match",
     "Range",
+    "find_outside_int64",
+    "int64_message",
     "parse_filter",
 ]

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from index.filters import FilterError, parse_filter
+from index.filters import FilterError, find_outside_int64, int64_message, parse_filter
 from index.fusion import DEFAULT_FUSION, Fusion
 from index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
@@ -208,6 +208,9 @@ class ItemCreate(Strict):
         problem = find_unencodable(value, "metadata")
         if problem:
             raise ValueError(problem)
+        place = find_outside_int64(value, "metadata")
+        if place is not None:  # the store would refuse it too; named here as a 422
+            raise ValueError(int64_message(place))
         try:
             encoded = json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
         except (ValueError, TypeError, UnicodeEncodeError) as exc:
