@@ -34,6 +34,7 @@ from .embedder import Embedder, EmbedResult
 from .factory import MAX_TRAINING_VECTORS, training_sample_size
 from .shards.store import ShardedStore, is_index, open_index
 from .store import IndexStore, StoreError
+from .store.checks import check_new_keys, key_problem
 
 if TYPE_CHECKING:  # pyarrow is imported only by builds from an embeddings folder
     from .embeddings import EmbeddingBatch, EmbeddingsFolder
@@ -109,6 +110,7 @@ def build_index(
     report = BuildReport(total=len(items))
     todo = [item for item in items if item.key not in store]
     report.already_present = len(items) - len(todo)
+    check_new_keys(item.key for item in todo)  # before anything is embedded or saved
 
     def good_items(result: EmbedResult) -> list[Item]:
         for position, reason in result.errors:
@@ -183,7 +185,7 @@ def build_from_embeddings(
     started = time.perf_counter()
     report = BuildReport(total=folder.count if keep is None else 0)
     if check_keys:
-        folder.check_unique_keys(batch_size)
+        check_folder_keys(folder, store, batch_size)
     if folder.count and store.needs_training():
         store.train(folder.sample(training_sample_size(store.factory), batch_size))
     resuming = len(store) > 0
@@ -226,6 +228,18 @@ def build_from_embeddings(
     report.index_size = len(store)
     atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
     return report
+
+
+def check_folder_keys(folder: EmbeddingsFolder, store: IndexStore | None, batch_size: int) -> None:
+    """The keys of an embeddings folder, before any is added: unique, and each one a
+    new item may have (`check_new_keys`) unless `store` holds it already (a resumed
+    build, or an index of an earlier version)."""
+    folder.check_unique_keys(batch_size)
+    for part, keys in folder.iter_keys(batch_size):
+        refused = [key for key in keys if key_problem(key)]
+        if store is not None:
+            refused = [key for key in refused if key not in store]
+        check_new_keys(refused, f"{part}: ")
 
 
 def _rows(batch: EmbeddingBatch, keep: list[int]) -> EmbeddingBatch:

@@ -35,7 +35,8 @@ MAX_EVALUATE_QUERIES = 10_000
 KEY_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f]{{1,{MAX_KEY_LENGTH}}}$"
 
 ItemKey = Annotated[str, Field(pattern=KEY_PATTERN), AfterValidator(checked_key)]
-"""A key to store: text without control characters, not ending in a sub-route."""
+"""A key to store: text without control characters, not ending in a sub-route, with no
+empty, '.' or '..' segment (index.store.checks.key_problem: clients rewrite such URLs)."""
 LookupKey = Annotated[str, AfterValidator(checked_lookup_key)]
 Label = Annotated[str, Field(max_length=MAX_LABEL_LENGTH), AfterValidator(checked_label)]
 

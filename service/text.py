@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from index.store.checks import key_problem
+
 MAX_KEY_LENGTH = 512
 MAX_LABEL_LENGTH = 512
 RESERVED_KEY_SUFFIXES: tuple[str, ...] = ("/thumbnail",)
@@ -58,6 +60,7 @@ def checked_key(value: str) -> str:
     for suffix in RESERVED_KEY_SUFFIXES:
         if value.endswith(suffix):
             raise ValueError(f"a key cannot end in {suffix!r} (that path is a sub-route)")
+    _raise_on(key_problem(value))  # the index's rule for new keys (dot or empty segments)
     return value
 
 

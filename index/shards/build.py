@@ -31,7 +31,7 @@ from typing import Any
 import faiss
 
 from ..atomic import atomic_write_bytes, atomic_write_text
-from ..build import REPORT_FILE, build_from_embeddings
+from ..build import REPORT_FILE, build_from_embeddings, check_folder_keys
 from ..embeddings import BATCH_ROWS, EmbeddingsError, EmbeddingsFolder
 from ..factory import training_sample_size
 from ..store import IndexStore, StoreError
@@ -199,7 +199,7 @@ def build_sharded(
     else:
         if factory in (None, "auto"):
             raise StoreError("a new sharded index needs a factory (resolve auto first)")
-        folder.check_unique_keys(BATCH_ROWS)
+        check_folder_keys(folder, None, BATCH_ROWS)
         quantizer = None if committed else train_quantizer(folder, factory)
         first_id = max((s.next_id for s in _shard_manifests(out, committed)), default=0)
         plan = _write_plan(out, folder, factory, shards, quantizer, first_id)

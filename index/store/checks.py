@@ -7,7 +7,7 @@ store changes anything.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,39 @@ def check_keys(keys: Sequence[str]) -> list[str]:
         dup = next(key for key in keys if key in seen or seen.add(key))
         raise StoreError(f"duplicate key {dup!r} within one add() call")
     return keys
+
+
+KEY_SEGMENTS_REFUSED = ("", ".", "..")
+"""'/'-separated segments a new key may not have. A key is a URL path on the HTTP API
+(`GET /v1/items/{key}`): clients remove dot segments from a URL before sending it
+(RFC 3986 5.2.4; httpx sends `/v1/items/v/.` as `/v1/items/v`, curl as `/v1/items/v/`,
+both send `.../a/../b` as `.../b`), and proxies merge empty ones (`a//b`), so such an
+item could not be read or deleted by its key, and a request for it could reach another
+item (an httpx DELETE of `v/.` deletes `v`)."""
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot name a new item (None: it can): a segment in
+    KEY_SEGMENTS_REFUSED. Checked where items are added (the service, `build` and
+    `add`), not when an index opens or an item is removed, so an index holding such
+    keys from an earlier version still opens and `vitrieval-index remove` deletes them."""
+    for segment in key.split("/"):
+        if segment in KEY_SEGMENTS_REFUSED:
+            what = "an empty '/'-separated segment" if not segment else f"a {segment!r} segment"
+            return (
+                f"a key cannot have {what}: HTTP clients rewrite such paths (dot segments "
+                "are resolved, empty ones merged), so the item could not be read or deleted "
+                "by key; a key's '/'-separated segments must not be empty, '.' or '..'"
+            )
+    return None
+
+
+def check_new_keys(keys: Iterable[str], where: str = "") -> None:
+    """StoreError (prefixed with `where`) naming the first key `key_problem` refuses."""
+    for key in keys:
+        problem = key_problem(key)
+        if problem:
+            raise StoreError(f"{where}key {key!r}: {problem}")
 
 
 def check_ids(ids: Any, n: int, next_id: int) -> np.ndarray:

@@ -4,7 +4,8 @@ An add or delete answers only after the store has journalled it durably
 (index/store/journal.py): a 201 or 200 means the change survives a crash.
 
 Keys may contain slashes (`digits/00017`, a folder-relative path): the routes take
-the rest of the path as the key, so a key cannot end in `/thumbnail`.
+the rest of the path as the key, so a key cannot end in `/thumbnail`, nor have an
+empty, `.` or `..` segment, which HTTP clients rewrite before sending the URL.
 """
 
 from __future__ import annotations
