@@ -42,6 +42,12 @@ HOSTILE_TEXT = [
     "\ufeffbom",
 ]
 
+DOT_KEYS = [".", "..", "v/.", "hostile/..", "./x", "../x", "a/./b", "a//b", "hostile/", "/h"]
+"""Keys HTTP clients would rewrite in a URL: refused at add with a 422."""
+VECTOR_SCALES = [1e-22, 1e-30, 1e-300, 1e30, 1e38, 1e300]
+"""Finite vectors whose squares leave float32's (or float64's) range: they normalise
+and are served like any other."""
+
 
 IMAGE_POOLS = 6
 """Sets of image variants drawn from (each a different photo, size and quality)."""
@@ -62,6 +68,8 @@ class HostileRequest:
     content_type: str | None = None
     auth: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    expect: tuple[int, ...] = ()
+    """The statuses the request must get (empty: any below 500)."""
 
 
 def _photo(rng: random.Random, size: int) -> Image.Image:
@@ -132,11 +140,15 @@ def _deep(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-def _json_bodies(rng: random.Random) -> list[tuple[str, str, str, bool]]:
-    """(name, path, JSON text, needs auth) with hostile text in every string field."""
+def _json_bodies(rng: random.Random) -> list[tuple[str, str, str, bool, tuple[int, ...]]]:
+    """(name, path, JSON text, needs auth, the statuses it must get) with hostile text in
+    every string field, keys clients would rewrite and vectors of extreme scale."""
     text = rng.choice(HOSTILE_TEXT)
     quoted = json.dumps(text)  # lone surrogates stay \\udXXX escapes, as an attacker sends
     vector = json.dumps([rng.uniform(-1, 1) for _ in range(DIM)])
+    scale = rng.choice(VECTOR_SCALES)
+    scaled = json.dumps([rng.uniform(-1, 1) * scale for _ in range(DIM)])
+    dot_key = json.dumps(rng.choice(DOT_KEYS))
     metadata = rng.choice(
         [
             "{" + quoted + ": 1}",
@@ -185,7 +197,24 @@ def _json_bodies(rng: random.Random) -> list[tuple[str, str, str, bool]]:
         ("embed-b64", "/v1/embed", '{"image_base64": ' + quoted + "}", False),
         ("not-json", "/v1/search", '{"key": ' + quoted[:-1], False),
     ]
-    return bodies
+    checked = [
+        (
+            "item-dot-key",
+            "/v1/items",
+            '{"key": ' + dot_key + ', "vector": ' + vector + ', "replace": true}',
+            True,
+            (422,),
+        ),
+        (f"search-vector-{scale:g}", "/v1/search", '{"vector": ' + scaled + "}", False, (200,)),
+        (
+            f"item-vector-{scale:g}",
+            "/v1/items",
+            '{"key": "hostile/scaled", "vector": ' + scaled + ', "replace": true}',
+            True,
+            (201,),
+        ),
+    ]
+    return [(*body, ()) for body in bodies] + checked
 
 
 def hostile_requests(n: int, seed: int = 0) -> Iterator[HostileRequest]:
@@ -202,8 +231,11 @@ def hostile_requests(n: int, seed: int = 0) -> Iterator[HostileRequest]:
                 name, data = f"{name}-damaged", _damaged(rng, [data, *originals])
             path = rng.choice(("/v1/search", "/v1/embed", "/v1/items"))
             fields = {"k": "3"} if path == "/v1/search" else {}
+            expect: tuple[int, ...] = ()
             if path == "/v1/items":
                 fields = {"key": f"hostile/img/{i}", "label": "h", "replace": "true"}
+                if rng.random() < 0.15:  # the key is checked before the image is read
+                    fields["key"], expect = rng.choice(DOT_KEYS), (422,)
             if rng.random() < 0.25:  # the same image as base64 in JSON
                 body = {"image_base64": base64.b64encode(data).decode(), **fields}
                 body.pop("replace", None)
@@ -214,6 +246,7 @@ def hostile_requests(n: int, seed: int = 0) -> Iterator[HostileRequest]:
                     path=path,
                     json_text=json.dumps(body),
                     auth=path == "/v1/items",
+                    expect=expect,
                 )
             else:
                 yield HostileRequest(
@@ -222,10 +255,11 @@ def hostile_requests(n: int, seed: int = 0) -> Iterator[HostileRequest]:
                     files={"image": (f"{name}.bin", data, "application/octet-stream")},
                     data=fields,
                     auth=path == "/v1/items",
+                    expect=expect,
                 )
         elif kind < 0.7:
-            name, path, text, auth = rng.choice(_json_bodies(rng))
-            yield HostileRequest(f"{i}:{name}", path=path, json_text=text, auth=auth)
+            name, path, text, auth, expect = rng.choice(_json_bodies(rng))
+            yield HostileRequest(f"{i}:{name}", path=path, json_text=text, auth=auth, expect=expect)
         elif kind < 0.82:  # multipart text fields
             text = rng.choice([t for t in HOSTILE_TEXT if "\ud800" not in t and "\udfff" not in t])
             field_name = rng.choice(("key", "label", "k", "metadata", text[:20] or "x"))
