@@ -23,6 +23,7 @@ whole gallery, whatever the factory. Without `rerank` the report is as before.
 
 from __future__ import annotations
 
+import csv
 import json
 import tempfile
 import time
@@ -33,7 +34,14 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_write_text
-from .copy_detection import DEFAULT_PER_IMAGE, KINDS, copy_queries, describe
+from .copy_detection import (
+    DEFAULT_PER_IMAGE,
+    KINDS,
+    CopySession,
+    copy_filename,
+    copy_queries,
+    describe,
+)
 from .datasets import DatasetError, Item
 from .embedder import Embedder, EmbedResult
 from .metrics import query_metrics, retrieval_metrics, target_metrics, target_ranks
@@ -221,6 +229,8 @@ def run_copy_detection(
     relevant: str = "original",
     rerank: Sequence[str] = (),
     rerank_settings: RerankSettings | None = None,
+    save_copies: Path | None = None,
+    ranks_path: Path | None = None,
 ) -> dict:
     """Copy-detection benchmark: `photos` + `distractors` are the gallery (in that
     order), `per_image` edited copies of every readable photo are the queries.
@@ -238,13 +248,21 @@ def run_copy_detection(
 
     `rerank`: the same metrics after each re-ranking (module docstring); DBA augments
     the whole gallery, distractors included, and the copies are the queries.
+
+    `save_copies`: a folder that receives every copy as a PNG file
+    (`index.copy_detection.copy_filename`). `ranks_path`: a CSV written with one row per
+    embedded copy (`write_ranks`). Each photo is decoded once for all its copies; the
+    report's `*_seconds` entries say where the time went.
     """
     if relevant not in RELEVANT_MODES:
         raise ValueError(f"relevant must be one of {RELEVANT_MODES}; got {relevant!r}")
     gallery = [*photos, *distractors]
+    model_before = getattr(embedder, "model_seconds", 0.0)
     started = time.perf_counter()
     embedded = embedder.embed_items(gallery, progress=True)
-    embed_rate = len(gallery) / max(time.perf_counter() - started, 1e-9)
+    gallery_seconds = time.perf_counter() - started
+    gallery_model = getattr(embedder, "model_seconds", 0.0) - model_before
+    embed_rate = len(gallery) / max(gallery_seconds, 1e-9)
     unreadable = [
         {"key": str(gallery[pos].path or gallery[pos].key), "reason": reason}
         for pos, reason in embedded.errors
@@ -256,16 +274,28 @@ def run_copy_detection(
             f"none of the {len(photos)} photos could be decoded (first: {unreadable[0]['reason']})"
         )
 
-    queries = copy_queries([photos[p] for p in originals], per_image, seed, kinds)
+    session = CopySession(per_image, save_copies)
+    queries = copy_queries([photos[p] for p in originals], per_image, seed, kinds, session)
+    model_before = getattr(embedder, "model_seconds", 0.0)
     started = time.perf_counter()
     made = embedder.embed_items(queries, progress=True)
-    query_rate = len(queries) / max(time.perf_counter() - started, 1e-9)
+    copies_seconds = time.perf_counter() - started
+    copies_model = getattr(embedder, "model_seconds", 0.0) - model_before
+    query_rate = len(queries) / max(copies_seconds, 1e-9)
     # a photo decoded for the gallery should decode again; if not, say so, do not crash
     unreadable += [{"key": queries[pos].key, "reason": reason} for pos, reason in made.errors]
     if not made.indices:
         raise DatasetError(f"no copy could be made (first: {made.errors[0][1]})")
     targets = np.repeat([row_of[p] for p in originals], per_image)[made.indices]
     query_kinds = [queries[pos].kinds for pos in made.indices]
+    if ranks_path is not None:
+        write_ranks(
+            ranks_path,
+            [queries[pos] for pos in made.indices],
+            target_ranks(made.embeddings, embedded.embeddings, targets),
+            np.einsum("qd,qd->q", made.embeddings, embedded.embeddings[targets]),
+            saved=save_copies is not None,
+        )
     if relevant == "label":
         scores, by_kind = _label_scores(embedded, made.embeddings, targets, photos, query_kinds, ks)
     else:
@@ -294,7 +324,21 @@ def run_copy_detection(
         **scores,
         "embed_images_per_s": embed_rate,
         "query_images_per_s": query_rate,
+        # the pipeline overlaps decoding (threads) with the model, so wall times are
+        # given beside the summed thread times of each part
+        "gallery_seconds": gallery_seconds,
+        "gallery_model_seconds": gallery_model,
+        "copies_seconds": copies_seconds,
+        "copies_model_seconds": copies_model,
+        "copies_photo_decodes": session.decodes,
+        "copies_decode_seconds": session.decode_seconds,
+        "copies_edit_seconds": session.edit_seconds,
+        "copies_save_seconds": session.save_seconds,
     }
+    if save_copies is not None:
+        report["copies_dir"] = str(save_copies)
+    if ranks_path is not None:
+        report["ranks_file"] = str(ranks_path)
     report.update(
         _index_measurements(embedded.embeddings, made.embeddings, factory, leave_one_out=False)
     )
@@ -323,6 +367,32 @@ def run_copy_detection(
             )
         )
     return report
+
+
+RANKS_COLUMNS = ("query", "copy_file", "original", "rank", "score", "edits")
+"""The columns of the copy-detection ranks CSV (`write_ranks`)."""
+
+
+def write_ranks(
+    path: Path,
+    queries: Sequence,
+    ranks: np.ndarray,
+    scores: np.ndarray,
+    *,
+    saved: bool,
+) -> None:
+    """One CSV row per embedded copy: its query key, its file below the copies folder
+    (empty when copies are not saved), its original's key, the original's rank (1-based,
+    exact over the whole gallery, `index.metrics.target_ranks`) and the cosine score
+    between copy and original, and its edits (``crop+jpeg``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(RANKS_COLUMNS)
+        for query, rank, score in zip(queries, ranks.tolist(), scores.tolist(), strict=True):
+            copy_file = copy_filename(query.key) if saved else ""
+            edits = "+".join(query.kinds)
+            writer.writerow((query.key, copy_file, query.source, rank, f"{score:.6f}", edits))
 
 
 def _label_scores(

@@ -45,9 +45,13 @@ Decoding: a copy is made from the photo as the gallery embedding decodes it
 scale while both sides stay at least twice the model's resize size, e.g. 64 px for a
 32 px model with crop_pct 1), so a query with no edit reproduces the gallery vector
 bit for bit, and edits run on a small image. Copies are made lazily in the
-embedder's decoding threads (`CopyQuery.open`), never written to disk and never
-mixed with the gallery; memory stays at a couple of batches whatever the number of
-photos.
+embedder's decoding threads (`CopyQuery.open`) and never mixed with the gallery.
+With a `CopySession` (what the benchmark uses) a photo is decoded once for all its
+copies, which are consecutive queries: decoding a large original costs far more than
+editing and embedding a small copy. The session keeps a photo only until its last
+copy is made, so memory stays at a couple of batches whatever the number of photos;
+it also times decoding, editing and saving, and with `save_dir` writes every copy as
+a PNG file (lossless: an independent baseline reads exactly the pixels the model saw).
 """
 
 from __future__ import annotations
@@ -56,8 +60,10 @@ import hashlib
 import io
 import math
 import numbers
+import threading
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -220,13 +226,90 @@ def _jpeg(image: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, di
 _EDITS = {"crop": _crop, "rotate": _rotate, "resize": _resize, "colour": _colour, "jpeg": _jpeg}
 
 
+def copy_filename(key: str) -> str:
+    """The file a copy is saved as, relative to the save folder: the query key with
+    '#' made a '.' and '.png' added (``sub/cat.jpg#copy2`` -> ``sub/cat.jpg.copy2.png``),
+    so the copies keep the photos' folders and two photos never share a name."""
+    return key.replace("#", ".") + ".png"
+
+
+@dataclass
+class _Photo:
+    lock: threading.Lock
+    left: int
+    image: Image.Image | None = None
+    error: Exception | None = None
+
+
+class CopySession:
+    """Decodes each photo once for all its copies (`uses` of them), optionally saves
+    every copy under `save_dir`, and times the work.
+
+    Thread-safe: the embedder's decoding threads make a photo's copies concurrently;
+    the first decodes it and the others wait for that decode. The photo is dropped
+    when its last copy has been made. Times are summed over threads (CPU-bound work
+    in parallel threads can add up to more than the wall time).
+    """
+
+    def __init__(self, uses: int, save_dir: Path | None = None) -> None:
+        self.uses = uses
+        self.save_dir = save_dir
+        self.decodes = 0
+        self.decode_seconds = 0.0
+        self.edit_seconds = 0.0
+        self.save_seconds = 0.0
+        self._lock = threading.Lock()
+        self._photos: dict[str, _Photo] = {}
+
+    def photo(self, query: CopyQuery, max_pixels: int, draft_size: int | None) -> Image.Image:
+        """The decoded photo of `query`, decoded by the first of its copies to ask."""
+        with self._lock:
+            entry = self._photos.get(query.source)
+            if entry is None:
+                entry = self._photos[query.source] = _Photo(threading.Lock(), self.uses)
+        try:
+            with entry.lock:
+                if entry.image is None and entry.error is None:
+                    started = time.perf_counter()
+                    try:
+                        entry.image = Item.open(query, max_pixels, draft_size)
+                    except Exception as exc:
+                        entry.error = exc
+                    with self._lock:
+                        self.decodes += 1
+                        self.decode_seconds += time.perf_counter() - started
+        finally:
+            with self._lock:
+                entry.left -= 1
+                if entry.left <= 0:
+                    self._photos.pop(query.source, None)
+        if entry.error is not None:
+            raise entry.error
+        return entry.image
+
+    def made(self, key: str, image: Image.Image, edit_seconds: float) -> None:
+        """Count a copy's editing time and save it when asked to."""
+        saved = 0.0
+        if self.save_dir is not None:
+            started = time.perf_counter()
+            path = self.save_dir / copy_filename(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # compress_level 1: lossless like any level, several times faster to write
+            image.save(path, format="PNG", compress_level=1)
+            saved = time.perf_counter() - started
+        with self._lock:
+            self.edit_seconds += edit_seconds
+            self.save_seconds += saved
+
+
 @dataclass(frozen=True)
 class CopyQuery(Item):
     """Copy `index` of the photo at `path` (key `source`), made when opened.
 
     An `Item`, so the embedder's pipeline makes copies in its decoding threads like it
     decodes files; `label` is the source photo's key. `kinds` is the edit plan (known
-    without pixels), for per-kind results.
+    without pixels), for per-kind results. With a `session`, the photo is decoded once
+    for all its copies (and each copy saved if the session says so).
     """
 
     source: str = ""
@@ -234,13 +317,20 @@ class CopyQuery(Item):
     seed: int = 0
     kinds: tuple[str, ...] = ()
     forced: tuple[str, ...] | None = None
+    session: CopySession | None = field(default=None, compare=False, repr=False)
 
     def open(
         self, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None
     ) -> Image.Image:
         """The edited copy, from the photo decoded exactly as the gallery decodes it."""
-        photo = super().open(max_pixels, draft_size)
-        return make_copy(photo, self.seed, self.source, self.index, self.forced)[0]
+        if self.session is None:
+            photo = super().open(max_pixels, draft_size)
+            return make_copy(photo, self.seed, self.source, self.index, self.forced)[0]
+        photo = self.session.photo(self, max_pixels, draft_size)
+        started = time.perf_counter()
+        copy = make_copy(photo, self.seed, self.source, self.index, self.forced)[0]
+        self.session.made(self.key, copy, time.perf_counter() - started)
+        return copy
 
 
 def copy_queries(
@@ -248,11 +338,15 @@ def copy_queries(
     per_image: int = DEFAULT_PER_IMAGE,
     seed: int = 0,
     kinds: Sequence[str] | None = None,
+    session: CopySession | None = None,
 ) -> list[CopyQuery]:
     """`per_image` copies of each photo (file items), photo-major: copy q of photo p is
-    at p * per_image + q. `kinds` forces every copy's edits (None: the random plan)."""
+    at p * per_image + q. `kinds` forces every copy's edits (None: the random plan);
+    `session` (made for `per_image` uses) decodes each photo once for its copies."""
     if isinstance(per_image, bool) or not isinstance(per_image, int) or per_image < 1:
         raise ValueError(f"queries per image must be a positive int; got {per_image!r}")
+    if session is not None and session.uses != per_image:
+        raise ValueError(f"the session is for {session.uses} copies per photo, not {per_image}")
     forced = None if kinds is None else tuple(kinds)
     queries = []
     for photo in photos:
@@ -270,6 +364,7 @@ def copy_queries(
                     seed=seed,
                     kinds=chosen,
                     forced=forced,
+                    session=session,
                 )
             )
     return queries
