@@ -139,6 +139,9 @@ def test_an_index_holding_such_keys_opens_searches_and_removes_them(
         assert [row[0].key for row in found] == ["v/.", "./w"]
     fresh = sorted(digits_gallery["images"].rglob("*.png"))[0]
     listing = tmp_path / "more.csv"
+    listing.write_text(f"path,label,key\n{fresh},x,more/./1\n")
+    code, _, err = run(capsys, "add", index, "--images", listing)
+    assert code == 2 and "key 'more/./1'" in err and "a '.' segment" in err
     listing.write_text(f"path,label,key\n{fresh},x,more/1\n")
     assert run(capsys, "add", index, "--images", listing)[0] == 0
     code, out, err = run(capsys, "remove", index, "v/.", "./w")
