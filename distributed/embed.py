@@ -4,7 +4,7 @@ pool, into the same embeddings folder `index.embed` writes.
 The driver (the command's process) opens the folder with `index.embed.start_job`,
 exactly as the single-process embed does (same checks, same resumability: parts
 recorded in embeddings.json are skipped), and makes a Ray Dataset of the parts left
-to do: one row per part, its inputs (key, label, path) as JSON. `map_batches` hands
+to do: one row per part, its inputs (key, label, path, metadata) as JSON. `map_batches` hands
 the rows to a fixed pool of actors (`PartEmbedder`), each holding one Embedder (one
 ONNX Runtime session) for its lifetime. An actor embeds a whole part with
 `index.embed.embed_part` (the same decoding and model as the single-process embed),
@@ -116,8 +116,13 @@ class PartEmbedder:
         for number, inputs in zip(batch["part"], batch["inputs"], strict=True):
             name = part_name(int(number))
             chunk = [
-                Item(key=key, label=label, path=None if path is None else Path(path))
-                for key, label, path in json.loads(inputs)
+                Item(
+                    key=key,
+                    label=label,
+                    path=None if path is None else Path(path),
+                    metadata=metadata,
+                )
+                for key, label, path, metadata in json.loads(inputs)
             ]
             # relative paths are the driver's: opened against its working folder
             read = [
@@ -218,7 +223,12 @@ def _run(
             "part": number,
             "inputs": json.dumps(
                 [
-                    [item.key, item.label, None if item.path is None else str(item.path)]
+                    [
+                        item.key,
+                        item.label,
+                        None if item.path is None else str(item.path),
+                        item.metadata,
+                    ]
                     for item in job.items[slice(*job.ranges[number])]
                 ]
             ),

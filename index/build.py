@@ -86,6 +86,7 @@ def _add_chunk(
         embeddings,
         labels=[item.label for item in items],
         paths=[str(item.path) if item.path else None for item in items],
+        metadata=[item.metadata for item in items],
     )
 
 

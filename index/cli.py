@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .cli_add import add_add_command
 from .cli_bench import add_bench_command
 from .cli_common import (
     add_ray_options,
@@ -48,10 +49,11 @@ USER_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-def _build(args: argparse.Namespace) -> int:
+def _build(args: argparse.Namespace, items: list | None = None) -> int:
+    """`build` (and `add`, which passes `items` when it was given one image)."""
     from .sources import read_sources
 
-    if (args.images is None) == (getattr(args, "embeddings", None) is None):
+    if items is None and (args.images is None) == (getattr(args, "embeddings", None) is None):
         raise ValueError(
             "build needs exactly one of --images and --embeddings: image files to embed, "
             "or a folder of embeddings (from `vitrieval-index embed`, for one)"
@@ -64,7 +66,9 @@ def _build(args: argparse.Namespace) -> int:
     dba = getattr(args, "dba", None)  # `add` shares this path, without the settings
     if dba is not None and args.images is None and wants_shards(args, Path(args.out)):
         raise ValueError("--dba needs one store: a sharded index has no DBA vectors")
-    if args.images is None:
+    if items is not None:
+        code = _build_images(args, items)
+    elif args.images is None:
         code = _build_embeddings(args)
     else:
         code = _build_images(args, read_sources(args.images, args.labels_from_folders))
@@ -234,17 +238,6 @@ def _factory(factory: str | None, out: Path, n: int, dim: int, budget: int | Non
     choice = choose_factory(n, dim, budget)
     print(choice.summary())
     return choice.factory
-
-
-def _add(args: argparse.Namespace) -> int:
-    from .shards import is_index
-    from .store import StoreError
-
-    if not is_index(args.index):
-        raise StoreError(f"{args.index} is not an index; create one with `vitrieval-index build`")
-    args.out = args.index
-    args.factory = None
-    return _build(args)
 
 
 def _remove(args: argparse.Namespace) -> int:
@@ -464,14 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ray_options(embed, actors=True)
     embed.set_defaults(handler=_embed)
 
-    add = sub.add_parser("add", help="add images to an index, with the model it was built with")
-    add.add_argument("index")
-    add.add_argument("--images", required=True, help="folder or CSV list")
-    add.add_argument("--model", help="must have the index's fingerprint")
-    add.add_argument("--labels-from-folders", action="store_true")
-    add.add_argument("--save-every", type=int, default=2048)
-    add_runtime_options(add)
-    add.set_defaults(handler=_add)
+    add_add_command(sub, _build)
 
     remove = sub.add_parser("remove", help="remove items by key")
     remove.add_argument("index")

@@ -5,7 +5,7 @@ so that training, indexing and evaluation see one shape of data whatever the sou
 
 - `digits`: scikit-learn's bundled handwritten digits, upscaled; needs no files.
 - `image_folder`: one sub-folder per class (the torchvision ImageFolder layout).
-- `csv_list`: a CSV with a header and columns `path,label[,key]`.
+- `csv_list`: a CSV with a header and columns `path,label[,key][,metadata]`.
 - `cub`, `cars`, `sop`: the on-disk layouts of CUB-200-2011, Cars196 and Stanford
   Online Products, with their standard class-disjoint splits (the metric-learning
   protocol: the test classes are never seen in training).
@@ -18,6 +18,7 @@ should list in a second, and a broken file is reported by `Item.open` (through
 from __future__ import annotations
 
 import csv
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -35,6 +36,11 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 )
 """File suffixes (lower-cased) that `image_folder` treats as images."""
+
+CSV_COLUMNS: tuple[str, ...] = ("path", "label", "key", "metadata")
+"""The columns a CSV list may have (`path` and `label` required); any other is an error,
+so that a misspelt column is not silently dropped. `metadata` is a JSON object as text,
+carried into an index (and its filters) by `vitrieval-index build`, `embed` and `add`."""
 
 STRATIFIED = "stratified"
 DISJOINT = "class-disjoint"
@@ -58,13 +64,16 @@ class Item:
     """One image: on disk (`path`) or in memory (`pixels`, uint8 HxW or HxWx3).
 
     `label` is the class name; None only for unlabelled catalogue images being indexed
-    (every dataset reader sets it).
+    (every dataset reader sets it). `metadata`: the JSON object an index stores with
+    the item (a CSV list's `metadata` column), None for none.
     """
 
     key: str
     label: str | None
     path: Path | None = None
     pixels: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # compare=False: a dict is unhashable, and Items are frozen (hashable) values
+    metadata: dict | None = field(default=None, compare=False)
 
     def open(
         self, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None
@@ -298,11 +307,13 @@ def is_image_file(path: Path, root: Path) -> bool:
 
 
 def csv_list(path: str | Path) -> list[Item]:
-    """Read a CSV list of images: a header row naming `path` and `label` (and optionally `key`).
+    """Read a CSV list of images: a header row naming `path` and `label` (and optionally
+    `key` and `metadata`, a JSON object as text).
 
-    Column order is free and extra columns are ignored; relative paths resolve against
-    the CSV file's folder; the key defaults to the path as written. Listed files are
-    not checked here (they are decoded later).
+    Column order is free; a column outside `CSV_COLUMNS` is an error naming it (a
+    misspelt `metadata` would otherwise be dropped without a word). Relative paths
+    resolve against the CSV file's folder; the key defaults to the path as written.
+    Listed files are not checked here (they are decoded later).
     """
     path = _existing(path, "CSV list")
     try:
@@ -310,16 +321,23 @@ def csv_list(path: str | Path) -> list[Item]:
             rows = list(csv.reader(f))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DatasetError(f"{path}: cannot read CSV ({exc})") from None
+    shape = ",".join(CSV_COLUMNS[:2]) + "".join(f"[,{name}]" for name in CSV_COLUMNS[2:])
     if not rows:
-        raise DatasetError(f"{path}: CSV is empty; expected a header row 'path,label[,key]'")
+        raise DatasetError(f"{path}: CSV is empty; expected a header row '{shape}'")
     header = [name.strip().lower() for name in rows[0]]
-    missing = [name for name in ("path", "label") if name not in header]
+    missing = [name for name in CSV_COLUMNS[:2] if name not in header]
     if missing:
         raise DatasetError(
             f"{path}: header lacks column(s) {', '.join(missing)}; "
-            f"found {rows[0]} (the first row must name path,label[,key])"
+            f"found {rows[0]} (the first row must name {shape})"
         )
-    col = {name: header.index(name) for name in ("path", "label", "key") if name in header}
+    unknown = [rows[0][i].strip() for i, name in enumerate(header) if name not in CSV_COLUMNS]
+    if unknown:
+        raise DatasetError(
+            f"{path}: unknown column(s) {', '.join(unknown)}; a CSV list has the columns "
+            f"{shape} (metadata: a JSON object as text); remove the others"
+        )
+    col = {name: header.index(name) for name in CSV_COLUMNS if name in header}
     base = path.parent.absolute()
     items: list[Item] = []
     for line, row in enumerate(rows[1:], start=2):
@@ -333,11 +351,40 @@ def csv_list(path: str | Path) -> list[Item]:
         if not written or not label:
             raise DatasetError(f"{path}:{line}: empty path or label")
         key = row[col["key"]].strip() if "key" in col else ""
-        items.append(Item(key=key or written, label=label, path=base / written))
+        metadata = row[col["metadata"]] if "metadata" in col else ""
+        items.append(
+            Item(
+                key=key or written,
+                label=label,
+                path=base / written,
+                metadata=parse_metadata(metadata, f"{path}:{line}") if metadata.strip() else None,
+            )
+        )
     if not items:
         raise DatasetError(f"{path}: CSV lists no images")
     _check_unique_keys(items, path)
     return items
+
+
+def parse_metadata(text: str, where: str) -> dict:
+    """`text` as an item's metadata: a JSON object whose integers fit int64 (what an
+    index stores and filters on); DatasetError naming `where` otherwise."""
+    # deferred: the index.store package loads FAISS, which training never needs
+    from index.store.filters import find_outside_int64, int64_message
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise DatasetError(f"{where}: metadata is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise DatasetError(
+            f'{where}: metadata must be a JSON object such as {{"colour": "red"}}, '
+            f"got {type(value).__name__}"
+        )
+    place = find_outside_int64(value, "metadata")
+    if place is not None:
+        raise DatasetError(f"{where}: {int64_message(place)}")
+    return value
 
 
 def _check_unique_keys(items: list[Item], source: Path) -> None:

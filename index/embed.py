@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -85,10 +86,14 @@ class EmbedReport:
 
 
 def inputs_checksum(items: Sequence[Item]) -> str:
-    """SHA-256 of the keys and labels of `items`, in order: what a part was made from."""
+    """SHA-256 of the keys, labels and metadata of `items`, in order: what a part was
+    made from. An item without metadata adds nothing for it, so a folder embedded from
+    a list without metadata keeps its checksums."""
     digest = hashlib.sha256()
     for item in items:
         label = "\x00" if item.label is None else "=" + item.label
+        if item.metadata is not None:
+            label += "\x00" + json.dumps(item.metadata, sort_keys=True)
         digest.update(f"{item.key}\x00{label}\n".encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
@@ -125,6 +130,7 @@ class EmbeddedPart:
     paths: list[str | None]
     embeddings: np.ndarray
     failed: list[dict]  # rows of errors.csv
+    metadata: list[dict | None] = field(default_factory=list)  # empty: none for any row
 
     @property
     def rows(self) -> int:
@@ -132,7 +138,14 @@ class EmbeddedPart:
 
     def write(self, target: Path) -> None:
         """The part file, written atomically."""
-        write_part(target, self.keys, self.embeddings, labels=self.labels, paths=self.paths)
+        write_part(
+            target,
+            self.keys,
+            self.embeddings,
+            labels=self.labels,
+            paths=self.paths,
+            metadata=self.metadata or None,
+        )
 
 
 def embed_part(
@@ -149,6 +162,7 @@ def embed_part(
     keys: list[str] = []
     labels: list[str | None] = []
     paths: list[str | None] = []
+    metadata: list[dict | None] = []
     vectors: list[np.ndarray] = []
     failed: list[dict] = []
     for result in embedder.iter_items(chunk if read is None else read):
@@ -159,6 +173,7 @@ def embed_part(
             keys.append(item.key)
             labels.append(item.label)
             paths.append(str(item.path) if item.path else None)
+            metadata.append(item.metadata)
         vectors.append(result.embeddings)
         for position, reason in result.errors:
             item = chunk[position]
@@ -169,7 +184,9 @@ def embed_part(
                 {"path": str(item.path or ""), "reason": reason, "key": item.key, "part": name}
             )
     matrix = np.concatenate(vectors) if vectors else np.zeros((0, embedder.dim), np.float32)
-    return EmbeddedPart(keys, labels, paths, matrix, failed)
+    if all(value is None for value in metadata):
+        metadata = []
+    return EmbeddedPart(keys, labels, paths, matrix, failed, metadata)
 
 
 @dataclass

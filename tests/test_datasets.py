@@ -224,10 +224,12 @@ def test_csv_list_paths_keys_and_columns(tmp_path: Path) -> None:
     write_image(tmp_path / "data" / "imgs" / "one.png", colour=(10, 20, 30))
     absolute = write_image(tmp_path / "elsewhere" / "two.png")
     (tmp_path / "data" / "list.csv").write_text(
-        f"label,extra,path\nred,x,imgs/one.png\nblue,y,{absolute}\n\n", encoding="utf-8"
+        f'label,metadata,path\nred,"{{""a"": 1}}",imgs/one.png\nblue,,{absolute}\n\n',
+        encoding="utf-8",
     )
     items = csv_list(tmp_path / "data" / "list.csv")
     assert keys(items) == ["imgs/one.png", str(absolute)]
+    assert [i.metadata for i in items] == [{"a": 1}, None]
     assert [i.label for i in items] == ["red", "blue"]
     assert items[0].path == tmp_path / "data" / "imgs" / "one.png"
     assert items[1].path == absolute
@@ -263,6 +265,9 @@ def test_csv_list_errors(tmp_path: Path) -> None:
         csv_list(bad)
     bad.write_text("path,label\na.png\n")
     with pytest.raises(DatasetError, match=r"bad.csv:2: row has 1 columns"):
+        csv_list(bad)
+    bad.write_text("path,label,extra\na.png,x,y\n")  # a column nothing reads
+    with pytest.raises(DatasetError, match=r"unknown column\(s\) extra"):
         csv_list(bad)
     bad.write_text("path,label\n")
     with pytest.raises(DatasetError, match="lists no images"):
