@@ -31,6 +31,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .datasets import Item
+from .gpu_notice import say_cpu_only
 from .images import (
     DEFAULT_MAX_PIXELS,
     DecodeBudget,
@@ -293,6 +294,14 @@ class Embedder:
         return prepare
 
 
+def ort_cpu_reason() -> str:
+    """Why device="auto" embeds on the CPU, for `index.gpu_notice.say_cpu_only`."""
+    return (
+        f"no {CUDA} (it has {', '.join(ort.get_available_providers())}; "
+        "onnxruntime-gpu in place of onnxruntime enables CUDA)"
+    )
+
+
 def select_providers(device: str, *, log: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """ONNX Runtime providers for `device`, best first, CPU always last as a fallback
     (`log`: say why `auto` stays on the CPU; off for a caller only asking, so the
@@ -306,12 +315,7 @@ def select_providers(device: str, *, log: bool = True) -> list[tuple[str, dict[s
         if CUDA in available:
             return [(CUDA, {}), (CPU, {})]
         if log:
-            logger.info(
-                "device=auto: this onnxruntime has no %s (it has %s); embedding on the CPU "
-                "(onnxruntime-gpu in place of onnxruntime enables CUDA)",
-                CUDA,
-                ", ".join(available),
-            )
+            say_cpu_only({"onnxruntime": ort_cpu_reason()})
         return [(CPU, {})]
     if name in ("cuda", "tensorrt") and (ordinal.isdigit() or not ordinal):
         needed = [TENSORRT, CUDA] if name == "tensorrt" else [CUDA]

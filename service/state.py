@@ -17,11 +17,13 @@ import numpy as np
 from PIL import Image
 
 from index.atomic import atomic_write_bytes, fsync_dir
-from index.embedder import CPU, Embedder, select_providers
+from index.embedder import CPU, Embedder, ort_cpu_reason, select_providers
 from index.follow import CommitFollower
+from index.gpu_notice import say_cpu_only
 from index.images import DecodeBudget, DecodeBudgetBusy
 from index.shards import ShardedStore, open_index
 from index.store import IndexStore
+from index.store.vectors import check_gpu_mode, faiss_cpu_reason
 from index.unit_vectors import unit_rows
 
 from .batching import DynamicBatcher
@@ -101,6 +103,7 @@ class ServiceState:
             on_gpu = select_providers(settings.device, log=False)[0][0] != CPU
         except ValueError:  # an unknown device: the Embedder below says so
             on_gpu = False
+        _say_cpu_only(on_gpu, settings.device)
         layout = model_layout(settings, on_gpu)
         try:
             embedder = Embedder(
@@ -284,3 +287,14 @@ def _png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def _say_cpu_only(model_on_gpu: bool, device: str) -> None:
+    """On a host without a GPU, one start-up line for both libraries (the embedder and
+    every index segment would each say it again otherwise; `index.gpu_notice`)."""
+    reasons = {}
+    if not model_on_gpu and device.lower() == "auto":
+        reasons["onnxruntime"] = ort_cpu_reason()
+    if not check_gpu_mode("auto"):  # the service opens its index with gpu="auto"
+        reasons["FAISS"] = faiss_cpu_reason()
+    say_cpu_only(reasons)

@@ -22,6 +22,7 @@ from PIL import Image
 from skimage import data as skdata
 
 import index.embedder as embedder_module
+from index import gpu_notice
 from index.embedder import CPU, CUDA, TENSORRT, Embedder
 from index.store import IndexStore, StoreError
 from training.config import ConfigError, FitConfig
@@ -59,11 +60,13 @@ def test_training_auto_without_cuda_logs_the_cpu_fallback(monkeypatch, caplog):
 
 def test_embedder_auto_without_cuda_logs_the_cpu_fallback(tiny_onnx, monkeypatch, caplog):
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CPU])
+    monkeypatch.setattr(gpu_notice, "_said", set())  # said once per process
+    caplog.set_level(logging.INFO, logger="vitrieval.devices")
     with caplog.at_level(logging.INFO, logger="vitrieval.embedder"):
         embedder = Embedder(tiny_onnx, device="auto")
     assert embedder.provider == CPU
-    assert f"device=auto: this onnxruntime has no {CUDA}" in caplog.text
-    assert "embedding on the CPU" in caplog.text
+    assert f"onnxruntime: no {CUDA} (it has {CPU}; onnxruntime-gpu" in caplog.text
+    assert "running on the CPU" in caplog.text
     assert "on CPUExecutionProvider" in caplog.text  # the provider report
 
 
@@ -96,9 +99,11 @@ def test_tensorrt_failure_falls_back_to_cuda_then_cpu(tiny_onnx, monkeypatch, ca
 
 def test_faiss_without_gpu_logs_the_cpu_fallback(tmp_path: Path, monkeypatch, caplog):
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0, raising=False)
-    with caplog.at_level(logging.INFO, logger="index.store.vectors"):
+    monkeypatch.setattr(gpu_notice, "_said", set())  # said once per process
+    with caplog.at_level(logging.INFO, logger="vitrieval.devices"):
         store = IndexStore.create(tmp_path / "idx", dim=8)
-    assert "FAISS sees no GPU" in caplog.text and "on the CPU" in caplog.text
+        IndexStore.create(tmp_path / "again", dim=8)
+    assert caplog.text.count("FAISS: ") == 1 and "running on the CPU" in caplog.text
     assert store.info()["gpu"] == "cpu"
     with pytest.raises(StoreError, match="no GPU"):
         IndexStore.create(tmp_path / "gpu", dim=8, gpu="cuda")

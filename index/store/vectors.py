@@ -27,6 +27,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from ..gpu_notice import say_cpu_only
 from .errors import StoreError, faiss_reason
 from .filtering import contains, difference
 
@@ -126,6 +127,13 @@ def _gpu_count() -> int:
     return int(getter()) if getter else 0
 
 
+def faiss_cpu_reason() -> str:
+    """Why gpu="auto" builds and searches on the CPU (`index.gpu_notice`)."""
+    if hasattr(faiss, "StandardGpuResources"):
+        return "a GPU build, but no CUDA device"
+    return "a CPU-only build (faiss-gpu in place of faiss-cpu enables the GPU)"
+
+
 def check_gpu_mode(gpu: str) -> bool:
     """Whether to use GPUs: "auto" if any, "cpu" never, "cuda" always (error without one)."""
     if gpu not in GPU_MODES:
@@ -147,13 +155,9 @@ class VectorIndex:
         self.gpu_mode = gpu
         self._want_gpu = check_gpu_mode(gpu)
         if gpu == "auto" and not self._want_gpu:
-            # the GPU path announces itself when the copy is made ("FAISS index on N GPU(s)")
-            logger.info(
-                "FAISS sees no GPU (%s); building and searching on the CPU",
-                "a GPU build, but no CUDA device"
-                if hasattr(faiss, "StandardGpuResources")
-                else "a CPU-only build: faiss-gpu in place of faiss-cpu enables the GPU",
-            )
+            # the GPU path announces itself when the copy is made ("FAISS index on N GPU(s)");
+            # the CPU fallback is said once per process, not once per segment
+            say_cpu_only({"FAISS": faiss_cpu_reason()})
         self._gpu: faiss.Index | None = None
         self._gpu_failed = False
         # where ("cpu" / "gpu") -> whether SearchParameters with an IDSelector work there
