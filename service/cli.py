@@ -121,12 +121,25 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the service until it is stopped; the exit status (2: bad input)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C: uvicorn shuts down cleanly, then re-raises the SIGINT it caught so the
+        # exit status says "interrupted"; 130 says the same without a traceback (also
+        # for a Ctrl-C while the model and index are still loading).
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # which of its builds FAISS loaded is not news (it logs every attempt at INFO)
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    # nor is libvips's thread pool finishing ("VIPS: threadpool completed with 1 workers")
+    logging.getLogger("pyvips").setLevel(logging.WARNING)
     from .settings import Settings
     from .state import ServiceState, StartupError
 
