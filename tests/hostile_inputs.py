@@ -42,7 +42,7 @@ HOSTILE_TEXT = [
     "\ufeffbom",
 ]
 
-DOT_KEYS = [".", "..", "v/.", "hostile/..", "./x", "../x", "a/./b", "a//b", "hostile/", "/h"]
+DOT_KEYS = [".", "..", "v/.", "hostile/..", "./x", "../x", "a/./b", "a//b", "hostile/", "//h"]
 """Keys HTTP clients would rewrite in a URL: refused at add with a 422."""
 VECTOR_SCALES = [1e-22, 1e-30, 1e-300, 1e30, 1e38, 1e300]
 """Finite vectors whose squares leave float32's (or float64's) range: they normalise

@@ -99,16 +99,19 @@ item (an httpx DELETE of `v/.` deletes `v`)."""
 
 def key_problem(key: str) -> str | None:
     """Why `key` cannot name a new item (None: it can): a segment in
-    KEY_SEGMENTS_REFUSED. Checked where items are added (the service, `build` and
-    `add`), not when an index opens or an item is removed, so an index holding such
-    keys from an earlier version still opens and `vitrieval-index remove` deletes them."""
-    for segment in key.split("/"):
+    KEY_SEGMENTS_REFUSED. One leading '/' is not an empty segment: a CSV list's key is
+    its path as written, often absolute, and clients send `/v1/items//data/x.jpg` as it
+    is. Checked where items are added (the service, `build` and `add`), not when an
+    index opens or an item is removed, so an index holding such keys from an earlier
+    version still opens and `vitrieval-index remove` deletes them."""
+    for segment in key.removeprefix("/").split("/"):
         if segment in KEY_SEGMENTS_REFUSED:
             what = "an empty '/'-separated segment" if not segment else f"a {segment!r} segment"
             return (
                 f"a key cannot have {what}: HTTP clients rewrite such paths (dot segments "
                 "are resolved, empty ones merged), so the item could not be read or deleted "
-                "by key; a key's '/'-separated segments must not be empty, '.' or '..'"
+                "by key; a key's '/'-separated segments (after one leading '/') must not be "
+                "empty, '.' or '..'"
             )
     return None
 
