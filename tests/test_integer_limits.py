@@ -3,8 +3,8 @@ they are, and never reach the journal: HTTP 422 for item metadata, a filter's ma
 any and range bound, and /v1/evaluate's filter; one line and exit 2 from `build
 --embeddings`; a journal row an older version wrote that cannot be applied stops the
 open in one line, and `verify --repair` sets it aside keeping every other row; an
-index holding such metadata still opens, re-indexes its fields, and `verify` lists
-it."""
+index holding such metadata (or a key clients rewrite) still opens, re-indexes its
+fields, and `verify` lists them."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_build_from_a_parquet_row_with_a_huge_integer_is_one_line(tmp_path, tiny
     assert "'b'" in done.stderr and "metadata.id" in done.stderr
 
 
-def test_an_index_already_holding_such_metadata_opens_and_verify_lists_it(
+def test_an_index_already_holding_such_items_opens_and_verify_lists_them(
     tmp_path, monkeypatch
 ) -> None:
     directory = tmp_path / "index"
@@ -106,20 +106,22 @@ def test_an_index_already_holding_such_metadata_opens_and_verify_lists_it(
         older.setattr("index.store.checks.find_outside_int64", lambda value, where: None)
         store = IndexStore.create(directory, dim=DIM, factory="Flat")
         store.add(
-            ["a", "b"], np.concatenate([unit(0), unit(1)]), metadata=[{"id": 1}, {"id": 2**64}]
+            ["a", "b", "v/."],
+            np.concatenate([unit(0), unit(1), unit(2)]),
+            metadata=[{"id": 1}, {"id": 2**64}, {}],
         )
         store.save()
         store.close()
     with IndexStore.open(directory) as store:
         assert store.get("b").metadata == {"id": 2**64}
-        hits = store.search(unit(1), 2, filter={"must": [{"key": "id", "range": {"gt": 0}}]})[0]
+        hits = store.search(unit(1), 3, filter={"must": [{"key": "id", "range": {"gt": 0}}]})[0]
         assert [h.key for h in hits] == ["a"]  # filters do not see the huge value
     configured = vitrieval_index("configure", str(directory), "--filter-fields", "all")
     assert configured.returncode == 0, configured.stderr
     verified = vitrieval_index("verify", str(directory))
     assert verified.returncode == 0, verified.stderr
-    assert "1 item(s)" in verified.stdout and "'b'" in verified.stdout
-    removed = vitrieval_index("remove", str(directory), "b")
+    assert "2 item(s)" in verified.stdout and "'b'" in verified.stdout
+    removed = vitrieval_index("remove", str(directory), "b", "v/.")
     assert removed.returncode == 0, removed.stderr
     with IndexStore.open(directory) as store:
         assert store.keys() == ["a"]

@@ -7,6 +7,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from . import manifest as mf
+from .checks import key_problem
 from .errors import ScrubStopped, StoreError
 from .filters import find_outside_int64
 
@@ -48,7 +49,8 @@ def scrub_store(
 def legacy_items(store: IndexStore, chunk: int = 10_000) -> list[tuple[str, str]]:
     """(key, what) for the items written before this version refused them: metadata
     holding an integer outside int64 (kept and returned as written; filters do not see
-    it). They stay searchable, and `remove` deletes them."""
+    it), keys HTTP clients cannot address (checks.key_problem). They stay searchable,
+    and `remove` deletes them."""
     with store._lock:
         segments = list(store._segments())
     found = []
@@ -60,4 +62,6 @@ def legacy_items(store: IndexStore, chunk: int = 10_000) -> list[tuple[str, str]
                 place = find_outside_int64(json.loads(metadata or "{}"), "metadata")
                 if place is not None:
                     found.append((key, f"{place} is an integer outside int64"))
+                if key_problem(key) is not None:
+                    found.append((key, "a key HTTP clients rewrite (an empty, '.' or '..' part)"))
     return found
