@@ -7,7 +7,11 @@ how to aggregate them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import os
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,10 @@ from typing import Any
 import timm
 import torch
 from torch import nn
+
+HUB_PROBE_SECONDS = 3.0
+"""How long `--pretrained timm` waits to reach the hub (or the proxy) before it looks in
+the local cache only: unreachable, timm's hub client retries for about a minute."""
 
 
 class BackboneError(ValueError):
@@ -56,6 +64,19 @@ def vit_names() -> list[str]:
     return timm.list_models("vit_*")
 
 
+def backbone_listing() -> str:
+    """`fit --list-backbones`: the presets with what they are, then timm's ViT names."""
+    names = vit_names()
+    width = max(len(name) for name in PRESETS)
+    lines = ["presets (--preset NAME; random initialisation, sized for CPUs):"]
+    lines += [f"  {name:<{width}}  {preset.description}" for name, preset in PRESETS.items()]
+    lines.append(
+        f"timm ViTs ({len(names)}; --backbone NAME, pretrained weights by --pretrained PATH):"
+    )
+    lines += [f"  {name}" for name in names]
+    return "\n".join(lines)
+
+
 def resolve_backbone(name: str) -> Preset:
     """A preset name or a timm ViT name -> Preset; unknown names raise BackboneError."""
     if name in PRESETS:
@@ -81,12 +102,16 @@ def create_backbone(name: str, pretrained: str | None = None, **overrides: Any) 
     kwargs = {**preset.overrides, **overrides, "num_classes": 0, "global_pool": ""}
     if preset.data_overlay:
         kwargs["pretrained_cfg_overlay"] = preset.data_overlay
+    hub = _offline_unless_reachable() if pretrained == "timm" else contextlib.nullcontext()
     try:
-        model = timm.create_model(preset.model, pretrained=pretrained == "timm", **kwargs)
-    except (RuntimeError, OSError) as exc:
+        with hub as offline:
+            model = timm.create_model(preset.model, pretrained=pretrained == "timm", **kwargs)
+    except (RuntimeError, OSError, ValueError) as exc:
         if pretrained == "timm":
+            why = f"{offline}, and they are not in the local cache" if offline else str(exc)
+            why = " ".join(why.split())  # one line: hub errors span several
             raise BackboneError(
-                f"cannot fetch timm hub weights for {preset.model} ({exc}); "
+                f"cannot fetch timm hub weights for {preset.model} ({why}); "
                 "pass --pretrained PATH with a local weights file instead"
             ) from None
         raise
@@ -95,6 +120,42 @@ def create_backbone(name: str, pretrained: str | None = None, **overrides: Any) 
     if pretrained and pretrained != "timm":
         load_backbone_weights(model, pretrained)
     return model
+
+
+def _hub_address() -> tuple[str, int]:
+    """(host, port) a hub download connects to first: the HTTPS proxy when one is set."""
+    from urllib.parse import urlsplit
+
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    endpoint = urlsplit(proxy or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    default = 443 if endpoint.scheme == "https" else 80
+    return endpoint.hostname or "huggingface.co", endpoint.port or default
+
+
+@contextlib.contextmanager
+def _offline_unless_reachable() -> Iterator[str]:
+    """Within the block, timm's hub client stays in offline mode (the local cache only,
+    failing at once) unless the hub answers within `HUB_PROBE_SECONDS`. Yields why it
+    is offline ("" when online)."""
+    import huggingface_hub.constants as hub_constants
+
+    if hub_constants.HF_HUB_OFFLINE:
+        yield "HF_HUB_OFFLINE is set"
+        return
+    host, port = _hub_address()
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_SECONDS).close()
+    except OSError:
+        pass
+    else:
+        yield ""
+        return
+    # the client reads this module attribute on every request (is_offline_mode())
+    hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield f"no network: {host}:{port} did not answer within {HUB_PROBE_SECONDS:g} s"
+    finally:
+        hub_constants.HF_HUB_OFFLINE = False
 
 
 _STRIP_PREFIXES = ("module.", "backbone.", "encoder.", "model.")

@@ -27,6 +27,7 @@ from .config import (
     load_config_file,
     typed_options,
 )
+from .progress import finished_line, line_buffered, preparing_line
 
 FIT_FIELDS = {f.name for f in fields(FitConfig)}
 
@@ -58,16 +59,27 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from .backbones import vit_names
     from .run_folder import CONFIG_FILE, TrainingError
-    from .trainer import fit
 
     if args.list_backbones:
-        print("\n".join(vit_names()))
+        from .backbones import backbone_listing
+
+        print(backbone_listing())
         return 0
     if args.recipe:
+        from .trainer import fit
+
         return _fit_recipe(args, fit)
-    cfg = _resumed_config(args, FitConfig, CONFIG_FILE) if args.resume else config_from_args(args)
+    if args.resume:
+        cfg = _resumed_config(args, FitConfig, CONFIG_FILE)
+        if cfg.method == "metric" and _already_finished(cfg, None):
+            return 0
+    else:
+        cfg = config_from_args(args)
+    # the first line within seconds: importing the trainer (torch, timm) takes a while
+    print(preparing_line("fit", cfg, args.resume))
+    from .trainer import fit
+
     try:
         with removed_if_failed(cfg.out):
             fit(cfg, resume=args.resume)
@@ -124,6 +136,21 @@ def _resumed_config(args: argparse.Namespace, cls: type, filename: str) -> Any:
     return cls(**{**base, **overrides})
 
 
+def _already_finished(cfg: Any, stage: str | None) -> bool:
+    """`--resume` of a run whose checkpoint (of `stage`) holds all of `cfg.epochs`: say
+    so in one line and do nothing (no torch, no data, no file touched)."""
+    from .interrupt import checkpoint_epoch
+    from .run_folder import read_metrics
+
+    run = Path(cfg.out)
+    saved = checkpoint_epoch(run)
+    if saved is None or saved[1] != stage or saved[0] < cfg.epochs:
+        return False
+    rows = [row for row in read_metrics(run) if row.get("epoch") == saved[0]]
+    print(finished_line(run, saved[0], cfg.epochs, rows[-1] if rows else None))
+    return True
+
+
 def _pretrain(args: argparse.Namespace) -> int:
     from .pretrain import pretrain
     from .pretrain_config import PretrainConfig
@@ -131,8 +158,11 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     if args.resume:
         cfg = _resumed_config(args, PretrainConfig, PRETRAIN_FILE)
+        if _already_finished(cfg, "pretrain"):
+            return 0
     else:
         cfg = config_from_args(args, PretrainConfig)
+    print(preparing_line("pretrain", cfg, args.resume))
     try:
         with removed_if_failed(cfg.out):
             pretrain(cfg, resume=args.resume)
@@ -263,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"
     )
     fit.add_argument(
-        "--list-backbones", action="store_true", help="print the timm ViT names and exit"
+        "--list-backbones",
+        action="store_true",
+        help="print the presets (tiny, small), then timm's ViT names, and exit",
     )
     fit.add_argument(
         "--recipe", type=Path, help="YAML file of stages run in order (e.g. recipes/*.yaml)"
@@ -361,6 +393,7 @@ def _show_log_lines(verbose: bool = False) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    line_buffered()
     _show_log_lines(args.verbose)
     from .interrupt import exit_status, stop_on_signals
 

@@ -64,6 +64,7 @@ from .losses import SupConLoss
 from .model import EmbeddingModel
 from .optim import param_groups
 from .plots import plot_curves
+from .progress import EpochClock
 from .run_folder import (
     CLASSIFIER_FILE,
     CURVES_FILE,
@@ -357,6 +358,7 @@ def fit_method(cfg: FitConfig, prepared: tuple, resume: bool = False) -> dict:
             loss, n_correct = objective(model(images), labels)
         return loss, len(labels), {"correct": n_correct}
 
+    clock = EpochClock(start_epoch, cfg.epochs)
     for epoch, _ in stage.epochs_after(start_epoch):  # a resumed run draws the same views
         loader = epoch_loader(dataset, cfg, epoch, pin_memory=device.type == "cuda")
         done = stage.train_epoch(epoch, loader, step)
@@ -374,7 +376,7 @@ def fit_method(cfg: FitConfig, prepared: tuple, resume: bool = False) -> dict:
             f"{stage_name} {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {top1}"
             f"R@1 {show_metric(row['recall@1'])}  mAP {show_metric(row['map'])}  "
             f"isotropy {row['isotropy']:.4f}  {done.seconds:.1f}s "
-            f"({row['train_images_per_s']:.0f} views/s)"
+            f"({row['train_images_per_s']:.0f} views/s)  {clock.text(epoch)}"
         )
 
     classifier_stage = stage_name

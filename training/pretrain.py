@@ -51,6 +51,7 @@ from .losses import DenseContrastiveLoss, InfoNCELoss
 from .model import EmbeddingModel, build_model
 from .optim import param_groups
 from .pretrain_config import PretrainConfig
+from .progress import EpochClock
 from .run_folder import (
     CURVES_FILE,
     TrainingError,
@@ -213,6 +214,7 @@ def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
         return loss, size, {k: None if v is None else v * size for k, v in parts.items()}
 
     started = time.perf_counter()
+    clock = EpochClock(start_epoch, cfg.epochs)
     row: dict = history[-1] if history else {}
     for epoch, seed in stage.epochs_after(start_epoch):
         # the epoch's seed also draws the dense negatives: a resumed run draws the same
@@ -231,7 +233,7 @@ def _pretrain(cfg: PretrainConfig, resume: bool) -> dict:
             f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  "
             f"L_g {row['global_loss']:.4f}  L_d {show_metric(row['dense_loss'])}  "
             f"L_r {show_metric(row['recon_loss'])}  lr {done.lr:.2e}  {done.seconds:.1f}s "
-            f"({row['train_images_per_s']:.0f} img/s)"
+            f"({row['train_images_per_s']:.0f} img/s)  {clock.text(epoch)}"
         )
     elapsed = time.perf_counter() - started
     if row:

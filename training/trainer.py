@@ -28,6 +28,7 @@ from .losses import create_loss
 from .model import EmbeddingModel
 from .optim import param_groups
 from .plots import plot_curves
+from .progress import EpochClock, finished_line
 from .run_folder import (
     CURVES_FILE,
     TrainingError,
@@ -143,6 +144,9 @@ def _fit_metric(cfg: FitConfig, prepared: Prepared, resume: bool) -> dict:
     amp = MixedPrecision(cfg.amp, device)
     amp.restore(state)
     stage = Stage.of(cfg, "epoch", len(epoch_loader(dataset, cfg, 1)), optimizer, [model], amp)
+    if history and start_epoch >= cfg.epochs:  # `--resume` of a finished run
+        print(finished_line(run, start_epoch, cfg.epochs, history[-1]))
+        return history[-1]
     print(
         f"training {cfg.backbone}+{cfg.pool} on {split.name} ({len(train_items)} train / "
         f"{len(test_items)} held-out images, {len(classes)} classes) on "
@@ -158,6 +162,7 @@ def _fit_metric(cfg: FitConfig, prepared: Prepared, resume: bool) -> dict:
         return loss, len(labels), {}
 
     started = time.perf_counter()
+    clock = EpochClock(start_epoch, cfg.epochs)
     row: dict = history[-1] if history else {}
     if cfg.epochs == 0 and not history:
         # --epochs 0: the initial model, evaluated and saved as the run's epoch 0
@@ -181,7 +186,7 @@ def _fit_metric(cfg: FitConfig, prepared: Prepared, resume: bool) -> dict:
         print(
             f"epoch {epoch}/{cfg.epochs}  loss {row['loss']:.4f}  {scores_text(row)}"
             f"lr {done.lr:.2e}  {done.seconds:.1f}s "
-            f"({row['train_images_per_s']:.0f} img/s)"
+            f"({row['train_images_per_s']:.0f} img/s)  {clock.text(epoch)}"
         )
     elapsed = time.perf_counter() - started
     if row:
