@@ -58,7 +58,7 @@ async def _evaluate(state: ServiceState, body: EvaluateRequest) -> dict[str, Any
             state.settings.max_evaluate_items, body.filter
         )
     except FilterError as exc:  # the request model checked it: a field the index lacks
-        raise ApiError(422, "invalid_request", str(exc)) from None
+        raise store_error(exc, 422, "invalid_request") from None
     except StoreError as exc:  # more labelled items than max_evaluate_items
         error = store_error(exc, 413, "too_many_items")
         if error.status == 413:
