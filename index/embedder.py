@@ -118,11 +118,9 @@ class Embedder:
         self.fingerprint: str = self.metadata.fingerprint
         self.input_size: int = self.metadata.input_size[1]
         self._preprocess = Preprocessor(self.metadata)
-        # JPEGs are decoded at reduced scale, at least twice the size the preprocessing
-        # resizes to, so the final antialiased resize still sees every detail it keeps
-        # (see index.images.open_image); exact_decode=True decodes at full resolution.
-        scale = self._preprocess.scale_size
-        self.draft_size: int | None = None if exact_decode else 2 * scale
+        # JPEGs are decoded at reduced scale (index.preprocess.DRAFT_FACTOR: what `fit`
+        # evaluates with too); exact_decode=True decodes at full resolution.
+        self.draft_size: int | None = None if exact_decode else self._preprocess.draft_size
         # seconds spent in ONNX Runtime so far: the pipeline overlaps decoding with the
         # model, so a caller timing a whole pass cannot tell the two apart otherwise
         self.model_seconds: float = 0.0

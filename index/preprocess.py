@@ -24,6 +24,23 @@ _RESAMPLE = {
 }
 
 
+DRAFT_FACTOR = 2
+"""JPEGs are decoded at reduced scale down to this multiple of the size the preprocessing
+resizes them to (`index.images.open_image`'s draft), so the final antialiased resize
+still sees every detail it keeps. The Embedder decodes so, and `fit` decodes its
+held-out images the same way: one model, the same figures in both."""
+
+
+def scale_size(size: int, crop_pct: float) -> int:
+    """The shorter side an image is resized to before the centre crop of `size`."""
+    return math.floor(size / crop_pct)
+
+
+def draft_size(size: int, crop_pct: float) -> int:
+    """The reduced-scale decoding bound of a model with input `size` and `crop_pct`."""
+    return DRAFT_FACTOR * scale_size(size, crop_pct)
+
+
 class Preprocessor:
     """Callable RGB PIL image -> float32 array (3, S, S)."""
 
@@ -34,7 +51,8 @@ class Preprocessor:
         if meta.interpolation not in _RESAMPLE:
             raise ValueError(f"unknown interpolation {meta.interpolation!r}")
         self.size = height
-        self.scale_size = math.floor(height / meta.crop_pct)
+        self.scale_size = scale_size(height, meta.crop_pct)
+        self.draft_size = draft_size(height, meta.crop_pct)
         self.resample = _RESAMPLE[meta.interpolation]
         self.mean = np.asarray(meta.mean, dtype=np.float32).reshape(3, 1, 1)
         self.std = np.asarray(meta.std, dtype=np.float32).reshape(3, 1, 1)

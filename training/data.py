@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 
 import torch
+from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from index.datasets import Item
-from index.images import ImageDecodeError
+from index.images import DEFAULT_MAX_PIXELS, ImageDecodeError
+from index.preprocess import draft_size
 
 from .config import FitConfig
 from .decode_cache import DecodeCache
@@ -48,6 +51,34 @@ def build_transforms(
     )
     evaluation = create_transform(is_training=False, crop_pct=data_config["crop_pct"], **common)
     return train, evaluation
+
+
+@dataclass(frozen=True)
+class EmbedderDecodedItem(Item):
+    """An image file decoded as `index.embedder.Embedder` decodes it for the exported
+    model (JPEG reduced-scale decoding down to `draft`), whatever draft a caller asks."""
+
+    draft: int | None = None
+
+    def open(
+        self, max_pixels: int = DEFAULT_MAX_PIXELS, draft_size: int | None = None
+    ) -> Image.Image:
+        return super().open(max_pixels, self.draft)
+
+
+def decoded_as_exported(items: Sequence[Item], data_config: dict) -> list[Item]:
+    """`items` as the exported model's Embedder decodes them: held-out images evaluated
+    so give `fit` the figures `vitrieval-index bench` gives the exported model (the decode
+    cache's reduced copies, resized twice, moved R@1 by a few queries). In-memory items
+    need no decoding and stay as they are."""
+    draft = draft_size(data_config["input_size"][-1], data_config["crop_pct"])
+    names = [f.name for f in fields(Item)]
+    return [
+        item
+        if item.path is None
+        else EmbedderDecodedItem(**{name: getattr(item, name) for name in names}, draft=draft)
+        for item in items
+    ]
 
 
 def drop_unreadable(

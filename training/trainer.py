@@ -19,7 +19,13 @@ from index.datasets import Split, load_dataset
 
 from .amp import MixedPrecision
 from .config import LOSS_OPTIONS, FitConfig
-from .data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
+from .data import (
+    ImageDataset,
+    build_transforms,
+    decoded_as_exported,
+    drop_unreadable,
+    epoch_loader,
+)
 from .decode_cache import DecodeCache
 from .device import describe_device, pick_device
 from .epochs import Stage, seed_everything, train_run
@@ -86,7 +92,11 @@ def prepare_run(cfg: FitConfig, resume: bool) -> Prepared:
         cfg.decode_cache, cfg.decode_cache_dir, run, data_config, cfg.crop_scale
     )
     train_items, bad_train = drop_unreadable(split.train, "training images", cache)
-    test_items, bad_test = drop_unreadable(split.test, "held-out images", cache)
+    # held-out images skip the cache: decoded as the exported model's Embedder decodes
+    # them, the run's figures are the ones `vitrieval-index bench` measures
+    test_items, bad_test = drop_unreadable(
+        decoded_as_exported(split.test, data_config), "held-out images"
+    )
     if cache is not None and (cache.stats.decoded or cache.stats.reused):
         print(cache.summary())
     write_skipped(run, bad_train + bad_test)
