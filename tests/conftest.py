@@ -15,6 +15,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="random filters per plan in tests/test_filter_differential.py (default 2000)",
     )
+    parser.addoption(
+        "--many-processes-s",
+        type=float,
+        default=None,
+        help="seconds tests/test_many_processes.py runs its writer and readers (default 12)",
+    )
 
 
 def export_tiny(seed: int, path: Path) -> Path:

@@ -77,6 +77,7 @@ def test_segment_files_changed_under_a_running_server(digits_gallery, tmp_path) 
         # every segment was changed: none of their items is served any more
         assert all(top(start) is None for start in range(0, len(x), ROWS))
         ready = http.get("/readyz")
+        info = http.get("/v1/info")
         assert http.get("/healthz").status_code == 200
     assert ready.status_code == 503
     damaged = ready.json()["checks"]["damaged_segments"]
@@ -84,6 +85,8 @@ def test_segment_files_changed_under_a_running_server(digits_gallery, tmp_path) 
     codes = {d["reason"] for d in damaged}
     assert codes <= {"deleted", "changed_on_disk"} and "deleted" in codes
     assert str(tmp_path) not in ready.text  # codes only: the paths go to the log
+    shown = {s["number"]: s.get("damaged") for s in info.json()["index"]["segments"]}
+    assert {shown[n] for n in numbers} == codes and str(tmp_path) not in info.text
     verify = subprocess.run(
         [sys.executable, "-m", "index.cli", "verify", str(index)],
         cwd=REPO,

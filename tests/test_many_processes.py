@@ -17,7 +17,7 @@ from serving import REPO, Server
 
 KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}
-RUN_S = 12.0  # long enough for several merges and CLI searches
+RUN_S = 12.0  # long enough for several merges and CLI searches; --many-processes-s N
 
 
 def vector(i: int) -> list[float]:
@@ -42,7 +42,10 @@ def metric(text: str, name: str) -> float:
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
-def test_a_writer_beside_a_read_only_server_and_cli_searches(digits_gallery, served_index) -> None:
+def test_a_writer_beside_a_read_only_server_and_cli_searches(
+    digits_gallery, served_index, pytestconfig
+) -> None:
+    run_s = pytestconfig.getoption("--many-processes-s") or RUN_S
     writer_env = {
         "VITRIEVAL_API_KEY": KEY,
         "VITRIEVAL_CHECKPOINT_EVERY": "3",  # a segment every 3 adds, a merge every 12
@@ -70,7 +73,7 @@ def test_a_writer_beside_a_read_only_server_and_cli_searches(digits_gallery, ser
         merge_refusal = None
         started = time.monotonic()
         try:
-            while time.monotonic() - started < RUN_S:
+            while time.monotonic() - started < run_s:
                 item = {"key": f"w/{added}", "vector": vector(added), "label": "w"}
                 assert w.post("/v1/items", json=item, headers=AUTH).status_code == 201
                 added += 1

@@ -104,9 +104,9 @@ async def info(state: ServiceDep) -> dict[str, Any]:
                 "gpu",
                 "search_params",
                 "journal_pending",
-                "segments",
             )
-        },
+        }
+        | {"segments": [_public_segment(segment) for segment in index["segments"]]},
         "service": {
             "batching": state.batcher.enabled,
             "model_calls_at_once": state.batcher.model_calls_at_once,
@@ -129,3 +129,11 @@ async def info(state: ServiceDep) -> dict[str, Any]:
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _public_segment(segment: dict[str, Any]) -> dict[str, Any]:
+    """A segment as /v1/info shows it: a damaged one's reason as its code (the reason
+    names files, which stay in the log)."""
+    if "damaged" not in segment:
+        return segment
+    return {**segment, "damaged": damage_code(segment["damaged"])}
