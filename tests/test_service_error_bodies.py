@@ -154,3 +154,21 @@ def test_store_errors_answer_their_public_sentence_or_none_naming_a_path(caplog)
     assert "/srv/idx: cannot read seg.3" in caplog.text
     keyed = store_error(StoreError("key 'shop/12' is odd"), 422, "invalid_request")
     assert keyed.detail == "key 'shop/12' is odd"  # a key's slash is not a server path
+
+
+def test_an_add_to_an_untrained_index_names_a_command_not_a_python_call(
+    digits_gallery, tmp_path
+) -> None:
+    index = tmp_path / "untrained"
+    store = IndexStore.create(
+        index, dim=128, factory="IVF4,Flat", model_path=digits_gallery["model"]
+    )
+    store.save()
+    store.close()
+    with make_client(digits_gallery["model"], index) as client:
+        added = client.post("/v1/items", json={"key": "k", "vector": VECTOR}, headers=AUTH)
+    assert added.status_code == 409, added.text
+    assert "not trained yet" in added.json()["detail"]
+    assert "vitrieval-index build" in added.json()["detail"]
+    assert "train(vectors)" not in added.text
+    assert_names_no_path(added.text, index)

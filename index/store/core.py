@@ -311,7 +311,9 @@ class IndexStore:
         if self.needs_training():
             raise StoreError(
                 f"the {self.factory!r} index must be trained first: call train(vectors) with a "
-                "representative sample"
+                "representative sample",
+                public=f"the {self.factory!r} index is not trained yet: build it from a "
+                "sample of the catalogue (vitrieval-index build) before adding items",
             )
         with self._lock:
             self._refuse_if_damaged()
