@@ -297,12 +297,14 @@ def test_fit_and_resume_with_the_disk_cache_decode_each_file_once(tmp_path, caps
     args += ["--out", str(run), "--batch-size", "4", "--workers", "1", "--warmup-epochs", "0"]
     assert main([*args, "--epochs", "1", "--decode-cache", "disk"]) == 0
     out = capsys.readouterr().out
-    assert "decode cache (disk): shorter side 83 px; 12 images decoded, 0 found on disk" in out
-    assert len(list((run / CACHE_DIRNAME).rglob("*.npy"))) == 12
-    assert decodes() == 12  # the check, one epoch and the held-out evaluation
+    # the 9 training images are cached; the 3 held-out ones are decoded as the exported
+    # model's Embedder decodes them, by the check and by every evaluation
+    assert "decode cache (disk): shorter side 83 px; 9 images decoded, 0 found on disk" in out
+    assert len(list((run / CACHE_DIRNAME).rglob("*.npy"))) == 9
+    assert decodes() == 9 + 3 + 3  # the check, one epoch and the held-out evaluation
     assert main(["fit", "--out", str(run), "--resume", "--epochs", "2"]) == 0
-    assert "0 images decoded, 12 found on disk" in capsys.readouterr().out
-    assert decodes() == 12
+    assert "0 images decoded, 9 found on disk" in capsys.readouterr().out
+    assert decodes() == 15 + 3 + 3  # only the held-out images: the check, epoch 2
 
 
 def test_pretrain_fills_the_cache_in_memory_by_default(tmp_path, capsys, decodes):
