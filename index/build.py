@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tqdm import tqdm
 
 from .atomic import atomic_write_text
 from .datasets import Item
 from .embedder import Embedder, EmbedResult
 from .factory import MAX_TRAINING_VECTORS, training_sample_size
+from .progress import progress_bar
 from .shards.store import ShardedStore, is_index, open_index
+from .stopping import Stopped
 from .store import IndexStore, StoreError
 from .store.checks import check_new_keys, key_problem
 
@@ -56,7 +57,8 @@ class BuildReport:
         failed = len(self.failed)
         notes = f", {self.already_present} already present" if self.already_present else ""
         notes += f", {failed} unreadable skipped (see {out / REPORT_FILE})" if failed else ""
-        return (
+        finished = self.total and self.already_present == self.total
+        return ("already finished, nothing to do: " if finished else "") + (
             f"indexed {self.indexed} of {self.total} images{notes} in {self.seconds:.1f}s "
             f"({self.images_per_s:.0f} img/s); {out} holds {self.index_size} items"
         )
@@ -108,6 +110,7 @@ def build_index(
     started = time.perf_counter()
     if store is None:
         store = open_or_create(out, embedder, factory)
+    check_writable(out)  # a server holding the index: refused before any embedding
     report = BuildReport(total=len(items))
     todo = [item for item in items if item.key not in store]
     report.already_present = len(items) - len(todo)
@@ -133,15 +136,21 @@ def build_index(
         # The embedder streams batches without pausing its decode pipeline; commit every
         # `save_every` images so an interrupted build resumes close to where it stopped.
         since_save = 0
-        for result in embedder.iter_items(todo, progress=progress):
-            good = good_items(result)
-            if good:
-                _add_chunk(store, good, result.embeddings)
-                report.indexed += len(good)
-            since_save += len(result.indices) + len(result.errors)
-            if since_save >= save_every:
-                store.save()
-                since_save = 0
+        try:
+            for result in embedder.iter_items(todo, progress=progress):
+                good = good_items(result)
+                if good:
+                    _add_chunk(store, good, result.embeddings)
+                    report.indexed += len(good)
+                since_save += len(result.indices) + len(result.errors)
+                if since_save >= save_every:
+                    store.save()
+                    since_save = 0
+        except KeyboardInterrupt:
+            store.save()  # Ctrl-C: keep every image embedded so far; a re-run skips them
+            raise Stopped(
+                f"{report.indexed} new image(s) saved, {out} holds {len(store)} items"
+            ) from None
     store.save()  # also leaves a valid, empty index when there was nothing to add
     report.seconds = time.perf_counter() - started
     report.images_per_s = report.indexed / report.seconds if report.seconds else 0.0
@@ -192,8 +201,7 @@ def build_from_embeddings(
     resuming = len(store) > 0
     since_save = 0
     row = 0  # rows of the folder read before this batch
-    # progress on a terminal only: a batch job's log gets the summary line alone
-    bar = tqdm(total=folder.count, unit="vec", disable=None if progress else True)
+    bar = progress_bar(folder.count, "vectors", "adding", enabled=progress)
     try:
         for batch in folder.iter_batches(batch_size):
             bar.update(len(batch.keys))
@@ -229,6 +237,16 @@ def build_from_embeddings(
     report.index_size = len(store)
     atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
     return report
+
+
+def check_writable(out: Path) -> None:
+    """StoreError if another process (a running server) holds the writer lock of the
+    index in `out`: its save would be refused only after all the embedding."""
+    from .shards.layout import store_directories
+    from .store.journal import JournalOwner
+
+    for directory in store_directories(out):
+        JournalOwner.check_free(directory)
 
 
 def check_folder_keys(folder: EmbeddingsFolder, store: IndexStore | None, batch_size: int) -> None:

@@ -143,8 +143,10 @@ def _build_embeddings(args: argparse.Namespace) -> int:
     save_every = 1_000_000 if args.save_every is None else args.save_every
     report = build_from_embeddings(folder, out, store, save_every=max(1, save_every))
     present = f", {report.already_present} already present" if report.already_present else ""
+    finished = report.total and report.already_present == report.total
     print(
-        f"indexed {report.indexed} of {report.total} embeddings from {folder.folder}{present} "
+        ("already finished, nothing to do: " if finished else "")
+        + f"indexed {report.indexed} of {report.total} embeddings from {folder.folder}{present} "
         f"in {report.seconds:.1f}s ({report.images_per_s:.0f} vectors/s); {out} holds "
         f"{report.index_size} items"
     )
@@ -553,6 +555,9 @@ def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .stopping import RESUMABLE_COMMANDS, stop_on_ctrl_c, stopped_message
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
@@ -562,12 +567,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .store import StoreError
 
     try:
+        if args.command in RESUMABLE_COMMANDS:
+            with stop_on_ctrl_c(args.command):
+                return args.handler(args)
         return args.handler(args)
     except (*USER_ERRORS, OptimizeError, QuantizeError, StoreError) as exc:
         print(f"vitrieval-index {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"vitrieval-index {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(stopped_message(args.command, argv, exc), file=sys.stderr)
         return 130
 
 

@@ -52,6 +52,8 @@ from .embeddings import (
     write_meta,
     write_part,
 )
+from .progress import LineProgress, progress_bar
+from .stopping import Stopped
 
 DEFAULT_PART_SIZE = 50_000
 """Images per part: a part's vectors are held in memory until it is written (50,000
@@ -79,7 +81,8 @@ class EmbedReport:
         if self.unreadable:
             notes += f", {self.unreadable} unreadable skipped (see {out / ERRORS_FILE})"
         rate = self.embedded / self.seconds if self.seconds else 0.0
-        return (
+        finished = self.parts and self.parts_done_before == self.parts
+        return ("already finished, nothing to do: " if finished else "") + (
             f"embedded {self.embedded} of {self.inputs} images{notes} in {self.seconds:.1f}s "
             f"({rate:.0f} img/s); {out} holds {self.count} embeddings in {self.parts} part(s)"
         )
@@ -113,9 +116,11 @@ def embed_to_folder(
     try:
         for number in job.todo:
             start, stop = job.ranges[number]
-            part = embed_part(embedder, items[start:stop], part_name(number), on_batch=bar.update)
+            part = embed_part(embedder, items[start:stop], part_name(number), on_image=bar.update)
             part.write(job.out / part_name(number))
             job.commit(number, part.rows, part.failed)
+    except KeyboardInterrupt:
+        raise job.stopped() from None
     finally:
         bar.close()
     return job.finish()
@@ -154,20 +159,18 @@ def embed_part(
     name: str,
     *,
     read: Sequence[Item] | None = None,
-    on_batch: Callable[[int], object] | None = None,
+    on_image: Callable[[int], object] | None = None,
 ) -> EmbeddedPart:
     """Embed the inputs of part `name`. `read`, when given, holds the same inputs at the
     same positions with the paths to open (absolute ones, on another machine); the part
-    records `chunk`'s. `on_batch` is called with the inputs each model batch finished."""
+    records `chunk`'s. `on_image(1)` is called as each input is read."""
     keys: list[str] = []
     labels: list[str | None] = []
     paths: list[str | None] = []
     metadata: list[dict | None] = []
     vectors: list[np.ndarray] = []
     failed: list[dict] = []
-    for result in embedder.iter_items(chunk if read is None else read):
-        if on_batch is not None:
-            on_batch(len(result.indices) + len(result.errors))
+    for result in embedder.iter_items(chunk if read is None else read, on_image=on_image):
         for position in result.indices:
             item = chunk[position]
             keys.append(item.key)
@@ -206,12 +209,11 @@ class EmbedJob:
     report: EmbedReport
     started: float
 
-    def progress_bar(self, progress: bool = True) -> tqdm:
-        """One bar for the whole list, on a terminal only (a batch job's log gets the
-        summary), already advanced by the parts done before."""
-        bar = tqdm(total=len(self.items), unit="img", disable=None if progress else True)
-        bar.update(sum(entry["stop"] - entry["start"] for entry in self.done.values()))
-        return bar
+    def progress_bar(self, progress: bool = True) -> tqdm | LineProgress:
+        """One bar for the whole list (plain lines off a terminal), starting from the
+        parts done before."""
+        done = sum(entry["stop"] - entry["start"] for entry in self.done.values())
+        return progress_bar(len(self.items), "images", "embedding", initial=done, enabled=progress)
 
     def commit(self, number: int, rows: int, failed: list[dict]) -> None:
         """Record part `number`, whose file holds `rows` rows: its unreadable inputs go
@@ -235,6 +237,14 @@ class EmbedJob:
         write_meta(self.out, self.meta)  # the commit point of this part
         self.report.embedded += rows
         self.report.failed += failed
+
+    def stopped(self) -> Stopped:
+        """What a Ctrl-C keeps: the parts committed (a re-run skips them)."""
+        rows = sum(entry["rows"] for entry in self.done.values())
+        return Stopped(
+            f"{len(self.done)} of {len(self.ranges)} part(s) done and kept in {self.out} "
+            f"({rows} embeddings); the part under way is embedded again"
+        )
 
     def finish(self) -> EmbedReport:
         """Mark the folder complete, remove what stopped runs left, and report."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +29,6 @@ from typing import Any, TypeVar
 import numpy as np
 import onnxruntime as ort
 from PIL import Image
-from tqdm import tqdm
 
 from .datasets import Item
 from .gpu_notice import say_cpu_only
@@ -41,6 +41,7 @@ from .images import (
 )
 from .model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata, ModelMetadataError
 from .preprocess import Preprocessor
+from .progress import progress_bar
 from .unit_vectors import l2_normalize
 from .vips_decode import decoder_setting
 
@@ -124,6 +125,7 @@ class Embedder:
         # seconds spent in ONNX Runtime so far: the pipeline overlaps decoding with the
         # model, so a caller timing a whole pass cannot tell the two apart otherwise
         self.model_seconds: float = 0.0
+        self._model_thread: ThreadPoolExecutor | None = None  # see _run_interruptible
         logger.info(
             "embedding with %s on %s (%d-d, %dx%d input)",
             self.model_path.name,
@@ -216,23 +218,52 @@ class Embedder:
             progress=progress,
         )
 
-    def iter_items(self, items: Sequence[Item], *, progress: bool = False) -> Iterator[EmbedResult]:
-        """Like `embed_items`, one `EmbedResult` per batch (positions global)."""
+    def iter_items(
+        self,
+        items: Sequence[Item],
+        *,
+        progress: bool = False,
+        on_image: Callable[[int], object] | None = None,
+    ) -> Iterator[EmbedResult]:
+        """Like `embed_items`, one `EmbedResult` per batch (positions global).
+        `on_image(1)` is called as each image is read (for a caller's own progress)."""
         return self._iter(
             items,
             lambda item: item.open(self.max_pixels, self.draft_size),
             tolerant=True,
             progress=progress,
+            on_image=on_image,
         )
 
     def _run(self, chunk: np.ndarray) -> np.ndarray:
         started = time.perf_counter()
-        (out,) = self._session.run([OUTPUT_NAME], {INPUT_NAME: chunk})
+        if threading.current_thread() is threading.main_thread():
+            out = self._run_interruptible(chunk)
+        else:
+            (out,) = self._session.run([OUTPUT_NAME], {INPUT_NAME: chunk})
         self.model_seconds += time.perf_counter() - started
         # the exported model already normalises; doing it again is cheap and keeps the
         # inner-product-is-cosine contract for quantised models, whose last ops are
         # approximate
         return l2_normalize(out)
+
+    def _run_interruptible(self, chunk: np.ndarray) -> np.ndarray:
+        """The model on `chunk` in a helper thread, the main thread waiting: Python runs
+        a Ctrl-C handler only between bytecodes of the main thread, which a model call of
+        seconds (a large batch on a loaded CPU) would otherwise hold off until it ends.
+        On Ctrl-C the call is told to stop at its next operator."""
+        if self._model_thread is None:
+            self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="vitrieval-model")
+        options = ort.RunOptions()
+        future = self._model_thread.submit(
+            self._session.run, [OUTPUT_NAME], {INPUT_NAME: chunk}, options
+        )
+        try:
+            (out,) = future.result()
+        except KeyboardInterrupt:
+            options.terminate = True
+            raise
+        return out
 
     def _iter(
         self,
@@ -241,17 +272,26 @@ class Embedder:
         *,
         tolerant: bool,
         progress: bool = False,
+        on_image: Callable[[int], object] | None = None,
     ) -> Iterator[EmbedResult]:
-        """The pipeline: decode batch i+1 in the pool while the model runs batch i."""
+        """The pipeline: decode batch i+1 in the pool while the model runs batch i.
+        Progress moves image by image as each is read: a batch of large images can take
+        a minute, and a bar moved per batch would sit still for all of it."""
         count, size = len(inputs), self.batch_size
         prepare = self._prepare_tolerant(load) if tolerant else self._prepare_strict(load)
         pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="vitrieval-decode")
-        bar = tqdm(total=count, unit="img", disable=not progress, dynamic_ncols=True)
+        bar = progress_bar(count, "images", "embedding", enabled=progress)
+
+        def advance(n: int) -> None:
+            bar.update(n)
+            if on_image is not None:
+                on_image(n)
 
         def submit(start: int) -> list[tuple[int, Future[Any]]]:
             stop = min(start + size, count)
             return [(i, pool.submit(prepare, inputs[i])) for i in range(start, stop)]
 
+        interrupted = False
         try:
             pending = submit(0) if count else []
             for start in range(0, count, size):
@@ -259,15 +299,18 @@ class Embedder:
                 # Queue the next batch before blocking on this one: the pool decodes it
                 # while ONNX Runtime (which releases the GIL) runs this one.
                 pending = submit(start + size) if start + size < count else []
-                arrays, indices, errors = _collect(current)
+                arrays, indices, errors = _collect(current, advance)
                 embeddings = (
                     self._run(np.stack(arrays)) if arrays else np.zeros((0, self.dim), np.float32)
                 )
-                bar.update(len(current))
                 yield EmbedResult(embeddings, indices, errors)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            # On an error or an abandoned generator, drop queued work instead of finishing it.
-            pool.shutdown(wait=True, cancel_futures=True)
+            # On an error or an abandoned generator, drop queued work instead of finishing
+            # it; on Ctrl-C do not wait either: the decodes under way end on their own.
+            pool.shutdown(wait=not interrupted, cancel_futures=True)
             bar.close()
 
     def _prepare_strict(self, load: Callable[[T], Image.Image]) -> Callable[[T], np.ndarray]:
@@ -397,13 +440,16 @@ def _check_signature(session: ort.InferenceSession, meta: ModelMetadata, path: P
 
 def _collect(
     futures: list[tuple[int, Future[Any]]],
+    advance: Callable[[int], None],
 ) -> tuple[list[np.ndarray], list[int], list[tuple[int, str]]]:
-    """Wait for one batch, in input order: (arrays, their positions, failures)."""
+    """Wait for one batch, in input order: (arrays, their positions, failures);
+    `advance(1)` after each image."""
     arrays: list[np.ndarray] = []
     indices: list[int] = []
     errors: list[tuple[int, str]] = []
     for index, future in futures:
         value = future.result()
+        advance(1)
         if isinstance(value, str):
             errors.append((index, value))
         else:

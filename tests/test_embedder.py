@@ -175,8 +175,13 @@ def test_items_and_progress_bar(embedder, tmp_path, capsys):
     assert [pos for pos, _ in result.errors] == [2, 4]
     expected = direct_run(embedder.model_path, [images[0], images[1], images[2]])
     np.testing.assert_allclose(result.embeddings, expected, atol=1e-6)
-    err = capsys.readouterr().err
-    assert "5/5" in err and "img/s" in err
+    # off a terminal: plain lines, the first image at once, then the end
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["embedding: 1 of 5 images (20%)", "embedding: 5 of 5 images (100%)"]
+    # image by image, not batch by batch
+    seen: list[int] = []
+    list(embedder.iter_items(items, on_image=seen.append))
+    assert seen == [1] * 5 and embedder.batch_size > 1
 
 
 def test_streaming_batches_carry_global_positions(tiny_onnx):
