@@ -4,11 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_RUN ?= runs/demo
 DEMO_PORT ?= 8000
+DEMO_HOST := 127.0.0.1
 PYTEST_ARGS ?=
 # the serving install of check-serve-install: the base dependencies and the serve extra
 SERVE_VENV ?= .venv-serve
 
-.PHONY: install test lint format check-serve-install demo demo-clean bench bench-search \
+.PHONY: install test lint format check-serve-install demo demo-port demo-clean bench bench-search \
 	compose-config clean
 
 # The tested versions of constraints.txt, within the ranges of pyproject.toml; the stamp
@@ -54,21 +55,38 @@ format: install
 # finished run only reloads it and says "done"), and the export, the held-out images, the
 # index and the benchmark are redone only when older than what they are made from.
 # `make demo-clean` removes the demo run, to start over.
-demo: install $(DEMO_RUN)/index/build_report.json $(DEMO_RUN)/bench/report.json
+demo: demo-port install $(DEMO_RUN)/index/build_report.json $(DEMO_RUN)/bench/report.json
 	$(BIN)/vitrieval-index search $(DEMO_RUN)/index $(DEMO_RUN)/images/7/digits_00017.png -k 5
 	@echo "demo: model $(DEMO_RUN)/model.onnx, index $(DEMO_RUN)/index, curves $(DEMO_RUN)/curves.png"
-	@echo "demo: search page at http://127.0.0.1:$(DEMO_PORT)/ , API docs at /docs (Ctrl-C stops the server)"
+	@echo "demo: search page at http://$(DEMO_HOST):$(DEMO_PORT)/ , API docs at /docs (Ctrl-C stops the server)"
 	$(BIN)/vitrieval-serve --model $(DEMO_RUN)/model.onnx --index $(DEMO_RUN)/index \
-		--host 127.0.0.1 --port $(DEMO_PORT) --read-only
+		--host $(DEMO_HOST) --port $(DEMO_PORT) --read-only
+
+# The server's port, checked first: taken, it would otherwise show only after minutes of
+# training, as the server's error, which knows nothing of DEMO_PORT. The server sets
+# SO_REUSEADDR as well, so a port that only lingers after a server stopped passes.
+demo-port:
+	@$(PYTHON) -c "import socket; s = socket.socket(); \
+		s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); \
+		s.bind(('$(DEMO_HOST)', int('$(DEMO_PORT)')))" 2>/dev/null || { \
+		echo "make demo: port $(DEMO_PORT) on $(DEMO_HOST) is in use or invalid;" \
+			"choose another: make demo DEMO_PORT=$$(( $(DEMO_PORT) + 1 ))" >&2; exit 1; }
 
 # Training runs every time (FORCE), resuming when the run has a checkpoint: fit --resume
 # needs one, and a run stopped before its first checkpoint starts over. model.safetensors
-# changes only when an epoch ends, so what is made from it is redone only then.
+# changes only when an epoch ends, so what is made from it is redone only then; a
+# finished run says "already finished" and touches nothing. DEMO_FIT_ARGS adds fit
+# options (e.g. DEMO_FIT_ARGS='--epochs 2' for a short demo; a resume keeps the saved ones).
+DEMO_FIT_ARGS ?=
 DEMO_FIT = $(if $(wildcard $(DEMO_RUN)/checkpoint/state.json),--out $(DEMO_RUN) --resume,\
-	--dataset digits --preset tiny --out $(DEMO_RUN))
+	--dataset digits --preset tiny --out $(DEMO_RUN)) $(DEMO_FIT_ARGS)
+# What the line of a stopped fit names as the command that continues it
+# (training/interrupt.py's VITRIEVAL_RESUME_COMMAND): `make demo`, with DEMO_RUN when
+# it was given.
+DEMO_RESUME = make demo$(if $(filter command line environment,$(origin DEMO_RUN)), DEMO_RUN=$(DEMO_RUN))
 
 $(DEMO_RUN)/model.safetensors: install FORCE
-	$(BIN)/vitrieval-train fit $(strip $(DEMO_FIT))
+	VITRIEVAL_RESUME_COMMAND='$(DEMO_RESUME)' $(BIN)/vitrieval-train fit $(strip $(DEMO_FIT))
 
 $(DEMO_RUN)/model.onnx: $(DEMO_RUN)/model.safetensors
 	$(BIN)/vitrieval-train export --run $(DEMO_RUN) --out $@
@@ -85,6 +103,13 @@ $(DEMO_RUN)/index/build_report.json: $(DEMO_RUN)/model.onnx $(DEMO_RUN)/images/l
 $(DEMO_RUN)/bench/report.json: $(DEMO_RUN)/model.onnx $(DEMO_RUN)/images/list.csv
 	$(BIN)/vitrieval-index bench --model $(DEMO_RUN)/model.onnx --gallery $(DEMO_RUN)/images/list.csv \
 		--out $(DEMO_RUN)/bench
+
+# Ctrl-C deletes a target whose file changed since its recipe started, unless precious:
+# model.safetensors changes every epoch and is the run's weights (the checkpoint that
+# --resume reads stays anyway), and every other file here is written atomically, so
+# none is ever a partial file worth deleting.
+.PRECIOUS: $(DEMO_RUN)/model.safetensors $(DEMO_RUN)/model.onnx $(DEMO_RUN)/images/list.csv \
+	$(DEMO_RUN)/index/build_report.json $(DEMO_RUN)/bench/report.json
 
 demo-clean:
 	rm -rf $(DEMO_RUN)

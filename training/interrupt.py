@@ -13,7 +13,7 @@ full pipe), and a checkpoint may lose its metrics row. Within `stoppable(run, co
 - `deferred()` holds a signal back while a checkpoint and its metrics row are written, so
   a run never stops between the two;
 - on the way out one line on stderr says which checkpoint the run folder holds and the
-  command that continues from it;
+  command that continues from it (`RESUME_COMMAND_ENV` names another, e.g. `make demo`);
 - a second signal while the run is stopping takes the default action at once.
 
 Handlers are installed only in the main thread and only over the defaults (Python's
@@ -38,6 +38,11 @@ from types import FrameType
 from typing import Any
 
 from .run_folder import CHECKPOINT_DIR, STATE_FILE
+
+RESUME_COMMAND_ENV = "VITRIEVAL_RESUME_COMMAND"
+"""Set by a caller that runs the training command for the user (the Makefile sets it to
+`make demo`): the stop line names it as the command that continues the run, instead
+of `vitrieval-train COMMAND --out RUN --resume`."""
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
@@ -223,7 +228,8 @@ def resume_line(run: Path, command: str, signum: int) -> str:
         )
     epoch, stage = saved
     what = f"{stage} epoch {epoch}" if stage and stage != "pretrain" else f"epoch {epoch}"
-    again = f"vitrieval-train {command} --out {shlex.quote(str(run))} --resume"
+    again = os.environ.get(RESUME_COMMAND_ENV, "").strip()
+    again = again or f"vitrieval-train {command} --out {shlex.quote(str(run))} --resume"
     return f"{head}; {run} holds the checkpoint of {what}: `{again}` continues it"
 
 
