@@ -52,9 +52,9 @@ format: install
 	$(BIN)/ruff check --fix .
 
 # `make demo` picks up where the last one stopped: the run resumes from its checkpoint (a
-# finished run only reloads it and says "done"), and the export, the held-out images, the
-# index and the benchmark are redone only when older than what they are made from.
-# `make demo-clean` removes the demo run, to start over.
+# finished run says "already finished" and touches nothing), and the export, the held-out
+# images, the index and the benchmark are redone only when older than what they are made
+# from. `make demo-clean` removes the demo run, to start over.
 demo: demo-port install $(DEMO_RUN)/index/build_report.json $(DEMO_RUN)/bench/report.json
 	$(BIN)/vitrieval-index search $(DEMO_RUN)/index $(DEMO_RUN)/images/7/digits_00017.png -k 5
 	@echo "demo: model $(DEMO_RUN)/model.onnx, index $(DEMO_RUN)/index, curves $(DEMO_RUN)/curves.png"
