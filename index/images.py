@@ -277,6 +277,7 @@ def _plan(image: Image.Image, name: str, max_pixels: int, draft_size: int | None
     if vips_decode.active_decoder() == "vips" and vips_decode.handles(image, reduce):
         decoder += vips_decode.VIPS_FIXED_BYTES
         return DecodePlan(image.format, (width, height), mode, frame, reduce, decoder, "vips")
+    vips_decode.hint_if_missing(image, reduce)
     return DecodePlan(image.format, (width, height), mode, frame, reduce, decoder)
 
 

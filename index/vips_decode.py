@@ -136,6 +136,31 @@ def active_decoder() -> str:
     return "vips"
 
 
+_hinted = False
+
+
+def hint_if_missing(image: Image.Image, reduce: int) -> None:
+    """Once per process, when Pillow decodes a file libvips would have taken because
+    pyvips is not installed (or libvips does not start) under the `auto` setting, say
+    that the `vips` extra exists: nothing else would tell why large PNG and WebP files
+    decode about 2x slower, with more memory (docs/benchmarks.md)."""
+    global _hinted
+    if _hinted or decoder_setting() != "auto" or forked_after_start():
+        return
+    if not handles(image, reduce):
+        return
+    pyvips, why = _load_pyvips()
+    if pyvips is not None:
+        return
+    _hinted = True  # a race may say it twice; a lock per decode would cost more
+    logger.warning(
+        "large %s files are decoded by Pillow because %s: pip install 'vitrieval[vips]' "
+        "decodes them about 2x faster with less memory (said once)",
+        image.format,
+        why,
+    )
+
+
 def handles(image: Image.Image, reduce: int) -> bool:
     """Whether libvips decodes this opened image, `reduce` its plan's box reduction:
     PNG, and WebP that is reduced (libvips is faster only by decoding a WebP scaled),

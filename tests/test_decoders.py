@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import logging
 import os
 from collections.abc import Callable
 
@@ -89,6 +90,29 @@ def test_without_libvips_auto_is_pillow_and_vips_is_an_error(monkeypatch) -> Non
     monkeypatch.setenv(vips_decode.DECODER_ENV, "vips")
     with pytest.raises(vips_decode.VipsUnavailableError, match=r"pip install 'vitrieval\[vips\]'"):
         open_image(encode(photo((64, 48)), "PNG"))
+
+
+def test_without_libvips_a_large_png_or_webp_names_the_extra_once(monkeypatch, caplog) -> None:
+    """A file libvips would decode, met without pyvips: one warning naming the extra for
+    the whole process; small files, JPEG and VITRIEVAL_DECODER=pillow say nothing."""
+    monkeypatch.setattr(vips_decode, "_load_pyvips", lambda: (None, "pyvips does not import"))
+    monkeypatch.setattr(vips_decode, "_hinted", False)
+    monkeypatch.setenv(vips_decode.DECODER_ENV, "pillow")
+    large_png = encode(photo((640, 480)), "PNG")  # 0.31 MP: libvips's from 0.25 MP
+    with caplog.at_level(logging.INFO, logger="index.vips_decode"):
+        open_image(large_png, draft_size=128)
+        monkeypatch.setenv(vips_decode.DECODER_ENV, "auto")
+        open_image(encode(photo((64, 48)), "PNG"))
+        open_image(encode(photo((640, 480)), "JPEG"), draft_size=128)
+        assert not caplog.records
+        for _ in range(3):
+            open_image(large_png, draft_size=128)
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "large PNG files are decoded by Pillow because pyvips does not import" in (
+        record.getMessage()
+    )
+    assert "pip install 'vitrieval[vips]'" in record.getMessage()
 
 
 def test_libvips_is_used_when_installed(monkeypatch) -> None:

@@ -139,6 +139,21 @@ def test_the_serving_install_has_no_torch(serve_env, tmp_path):
         run(bare, "-c", code, cwd=tmp_path)
 
 
+def test_the_serving_install_decodes_large_png_and_webp_with_libvips(serve_env, tmp_path):
+    """The serve extra brings the vips extra: a large PNG is libvips's to decode."""
+    code = (
+        "import io\n"
+        "from PIL import Image\n"
+        "from index import vips_decode\n"
+        "from index.images import plan_decode\n"
+        "buffer = io.BytesIO()\n"
+        "Image.new('RGB', (640, 480), 'teal').save(buffer, format='PNG')\n"
+        "plan = plan_decode(buffer.getvalue(), draft_size=128)\n"
+        "print(vips_decode.active_decoder(), plan.decoder)\n"
+    )
+    assert run(serve_env, "-c", code, cwd=tmp_path).stdout.split() == ["vips", "vips"]
+
+
 def test_every_index_and_service_module_imports_without_torch(serve_env, tmp_path):
     code = (
         "import importlib, pkgutil, index, service\n"
