@@ -1,4 +1,4 @@
-"""vitrieval on a Ray cluster (`pip install 'vitrieval[distributed]'`).
+"""vitrieval on a Ray cluster (`pip install -c constraints.txt -e '.[distributed]'`).
 
 Every Ray import of the project lives in this package, and inside functions only:
 importing a module of it costs nothing without Ray, and a `--ray` option given without

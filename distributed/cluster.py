@@ -31,7 +31,9 @@ DEFAULT_ACTOR_THREADS = 4
 """Threads per CPU actor at most, by default: ONNX Runtime's ViT kernels scale well to
 about 4 threads; past that, more actors of 4 threads embed more images per second
 than fewer, wider ones."""
-RAY_EXTRA = "pip install 'vitrieval[distributed]'"
+RAY_EXTRA = "pip install -c constraints.txt -e '.[distributed]'"
+"""The install that adds Ray, from the vitrieval checkout: the constraints pin the Ray
+version the project is tested with (a newer Ray may have removed what it calls)."""
 ADDRESS_HELP = (
     "run on a Ray cluster: 'local' (start one on this machine for this command), "
     "'auto' (join the running cluster) or ray://HOST:PORT (a remote cluster's client "

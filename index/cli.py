@@ -71,14 +71,17 @@ def _build(args: argparse.Namespace, items: list | None = None) -> int:
     elif args.images is None:
         code = _build_embeddings(args)
     else:
-        code = _build_images(args, read_sources(args.images, args.labels_from_folders))
+        skipped: list[Path] = []
+        items = read_sources(args.images, args.labels_from_folders, skipped=skipped)
+        code = _build_images(args, items, skipped)
     if code == 0 and wants_settings(args):
         print(apply_index_settings(args, Path(args.out)))
     return code
 
 
-def _build_images(args: argparse.Namespace, items: list) -> int:
+def _build_images(args: argparse.Namespace, items: list, skipped: list | None = None) -> int:
     from .build import build_index
+    from .sources import skipped_note
 
     out = Path(args.out)
     budget = _memory_budget(args)
@@ -100,7 +103,7 @@ def _build_images(args: argparse.Namespace, items: list) -> int:
         print(f"  skipped {failure['key']}: {failure['reason']}")
     if len(report.failed) > 10:
         print(f"  ... and {len(report.failed) - 10} more")
-    print(report.summary(out))
+    print(report.summary(out) + skipped_note(skipped or []))
     return 0
 
 
@@ -186,11 +189,12 @@ def _check_embeddings_model(model: Path | None, folder, *, given: bool) -> None:
 def _embed(args: argparse.Namespace) -> int:
     from .embed import embed_to_folder
     from .embeddings import ERRORS_FILE, EmbeddingsError
-    from .sources import read_sources
+    from .sources import read_sources, skipped_note
 
     if args.part_size is not None and args.part_size < 1:
         raise EmbeddingsError(f"--part-size must be at least 1, got {args.part_size}")
-    items = read_sources(args.images, args.labels_from_folders)
+    skipped: list[Path] = []
+    items = read_sources(args.images, args.labels_from_folders, skipped=skipped)
     out = Path(args.out)
     if args.ray:  # the same folder, its parts embedded by actors on a Ray cluster
         from distributed.embed import embed_from_args
@@ -208,7 +212,7 @@ def _embed(args: argparse.Namespace) -> int:
         print(f"  skipped {failure['key']}: {failure['reason']}")
     if len(report.failed) > 10:
         print(f"  ... and {len(report.failed) - 10} more (all in {out / ERRORS_FILE})")
-    print(report.summary(out))
+    print(report.summary(out) + skipped_note(skipped))
     return 0
 
 

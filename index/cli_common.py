@@ -16,7 +16,22 @@ def embedder_from_args(model: Path, args: argparse.Namespace):
     """The Embedder of `model` with the command's --device and --batch-size."""
     from .embedder import Embedder
 
-    return Embedder(model, device=args.device, batch_size=args.batch_size)
+    return Embedder(model_from_args(model), device=args.device, batch_size=args.batch_size)
+
+
+def model_from_args(model: str | Path) -> Path:
+    """A `--model`: the model file, or for an index folder the model copy it keeps
+    (what it was built with); anything else is refused by `model_file`, saying why."""
+    from .shards import is_index
+    from .shards.layout import store_directories
+    from .store.manifest import MODEL_COPY_FILE
+
+    model = Path(model)
+    if model.is_dir() and is_index(model):
+        copy = store_directories(model)[0] / MODEL_COPY_FILE
+        if copy.is_file():
+            return copy
+    return model
 
 
 def add_ray_options(parser: argparse.ArgumentParser, *, actors: bool = False) -> None:

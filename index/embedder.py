@@ -39,7 +39,13 @@ from .images import (
     open_image,
     plan_decode,
 )
-from .model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata, ModelMetadataError
+from .model_metadata import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    ModelMetadata,
+    ModelMetadataError,
+    model_file,
+)
 from .preprocess import Preprocessor
 from .progress import progress_bar
 from .unit_vectors import l2_normalize
@@ -100,7 +106,7 @@ class Embedder:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         decoder_setting()  # a bad VITRIEVAL_DECODER: one error now, not one per image
-        self.model_path = Path(model_path)
+        self.model_path = model_file(model_path)
         self.batch_size = batch_size
         self.decode_threads = decode_threads or min(4, os.cpu_count() or 1)
         self.max_pixels = max_pixels

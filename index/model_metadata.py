@@ -60,13 +60,47 @@ class ModelMetadata:
         return cls(**values)
 
 
+CHECKPOINT_SUFFIXES: frozenset[str] = frozenset({".safetensors", ".pt", ".pth", ".ckpt"})
+"""Weights files of a training run: what `vitrieval-train export` turns into a model."""
+
+
+def _export_hint(run: str) -> str:
+    return (
+        f"export it first (`vitrieval-train export --run {run} --out MODEL.onnx`) and "
+        "pass the .onnx file"
+    )
+
+
+def model_file(path: str | Path) -> Path:
+    """`path` (a `--model`) checked to be a model file. A training checkpoint, a run
+    folder, another folder or a missing file is a ModelMetadataError saying what to pass
+    instead, before ONNX Runtime answers with a protobuf parse error. (An index folder
+    stands for its model copy in the CLI: `index.cli_common.model_from_args`.)"""
+    path = Path(path)
+    if path.is_dir():
+        if any(p.suffix in CHECKPOINT_SUFFIXES for p in path.iterdir()):
+            raise ModelMetadataError(
+                f"{path} is a training run folder, not an exported model: {_export_hint(str(path))}"
+            )
+        raise ModelMetadataError(
+            f"{path} is a folder, not a model file: pass an exported .onnx model (or an "
+            "index folder, whose model copy is used)"
+        )
+    if not path.is_file():
+        raise ModelMetadataError(f"model file not found: {path}")
+    if path.suffix.lower() in CHECKPOINT_SUFFIXES:
+        raise ModelMetadataError(
+            f"{path} is a training checkpoint, not an exported model: "
+            + _export_hint(str(path.parent))
+        )
+    return path
+
+
 def read_model_metadata(path: str | Path) -> ModelMetadata:
     """Read the metadata of an exported model with ONNX Runtime (no onnx package needed)."""
     import onnxruntime as ort
 
-    path = Path(path)
-    if not path.is_file():
-        raise ModelMetadataError(f"model file not found: {path}")
+    path = model_file(path)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:

@@ -14,18 +14,33 @@ keys already indexed).
 from __future__ import annotations
 
 import csv
+import logging
+from collections import Counter
 from pathlib import Path
 
 from .atomic import atomic_path
-from .datasets import DatasetError, Item, csv_list, is_image_file
+from .datasets import IMAGE_EXTENSIONS, DatasetError, Item, csv_list, is_image_file
+
+logger = logging.getLogger(__name__)
 
 
-def walk_images(root: Path, labels_from_folders: bool = False) -> list[Item]:
-    """Items for every image file below `root` (hidden files and folders skipped)."""
+def walk_images(
+    root: Path, labels_from_folders: bool = False, skipped: list[Path] | None = None
+) -> list[Item]:
+    """Items for every image file below `root` (hidden files and folders skipped).
+    `skipped`, when given, receives the other files (no image suffix), sorted."""
     if not root.is_dir():
         raise DatasetError(f"image folder not found: {root}")
     items = []
-    for path in sorted(p for p in root.rglob("*") if is_image_file(p, root)):
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    if skipped is not None:
+        skipped += [
+            p
+            for p in files
+            if p.suffix.lower() not in IMAGE_EXTENSIONS
+            and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        ]
+    for path in (p for p in files if is_image_file(p, root)):
         relative = path.relative_to(root)
         label = relative.parts[0] if labels_from_folders and len(relative.parts) > 1 else None
         items.append(Item(key=relative.as_posix(), label=label, path=path))
@@ -33,12 +48,16 @@ def walk_images(root: Path, labels_from_folders: bool = False) -> list[Item]:
 
 
 def read_sources(
-    images: str | Path, labels_from_folders: bool = False, flag: str = "--images"
+    images: str | Path,
+    labels_from_folders: bool = False,
+    flag: str = "--images",
+    skipped: list[Path] | None = None,
 ) -> list[Item]:
     """`images` is a folder or a `.csv` list; returns its items in a stable order.
 
     What `build`, `add` and `bench` (`--gallery`, `--queries`) read; `flag` names the
-    option in error messages.
+    option in error messages; `skipped` receives a folder's files without an image
+    suffix (see `skipped_note`).
     """
     images = Path(images)
     if images.suffix.lower() == ".csv":
@@ -47,7 +66,19 @@ def read_sources(
         return csv_list(images)
     if not images.exists():
         raise DatasetError(f"{flag} path not found: {images}")
-    return walk_images(images, labels_from_folders)
+    return walk_images(images, labels_from_folders, skipped)
+
+
+def skipped_note(skipped: list[Path]) -> str:
+    """The end of a summary line counting the files a folder walk left out, by suffix
+    (`-v` logs their names): a catalogue's SVGs otherwise vanish without a word."""
+    if not skipped:
+        return ""
+    for path in skipped:
+        logger.info("skipped (not an image suffix): %s", path)
+    suffixes = Counter(path.suffix.lower() or "no suffix" for path in skipped)
+    kinds = ", ".join(f"{count} {suffix}" for suffix, count in suffixes.most_common())
+    return f"; {len(skipped)} file(s) without an image suffix skipped ({kinds}; -v names them)"
 
 
 def write_image_folder(items: list[Item], root: Path) -> Path:

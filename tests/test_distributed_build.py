@@ -83,5 +83,5 @@ def test_without_ray_a_ray_build_is_one_line_naming_the_extra(tmp_path, embedded
     argv += ["--shards", "2", "--out", tmp_path / "index", "--ray", "local"]
     done = run_without_ray(*argv)
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
-    assert "pip install 'vitrieval[distributed]'" in done.stderr
+    assert "pip install -c constraints.txt -e '.[distributed]'" in done.stderr
     assert not (tmp_path / "index").exists()

@@ -232,7 +232,7 @@ def test_without_ray_the_option_is_one_line_naming_the_extra(tmp_path, images, t
     argv = ["embed", "--model", tiny_onnx, "--images", images, "--out", tmp_path / "emb"]
     done = run_without_ray(*argv, "--ray", "local")
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
-    assert "pip install 'vitrieval[distributed]'" in done.stderr
+    assert "pip install -c constraints.txt -e '.[distributed]'" in done.stderr
     assert not (tmp_path / "emb").exists()
 
 

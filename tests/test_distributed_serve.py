@@ -413,7 +413,11 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize(
     ("options", "env", "says"),
     [
-        (["--ray", "local", "--read-only"], {}, "pip install 'vitrieval[distributed]'"),
+        (
+            ["--ray", "local", "--read-only"],
+            {},
+            "pip install -c constraints.txt -e '.[distributed]'",
+        ),
         (
             ["--ray", "auto", "--shard-replicas", "2"],
             {"VITRIEVAL_API_KEY": KEY},

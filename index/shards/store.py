@@ -25,6 +25,7 @@ from ..store.checks import as_matrix, check_keys, check_unit, metadata_column, t
 from ..store.errors import DamagedIndexError
 from ..store.fields import FieldSelection
 from ..store.filters import Filter, parse_filter
+from ..store.loading import OTHER_MODEL_ADVICE
 from .layout import (
     PLAN_FILE,
     RULE,
@@ -81,13 +82,13 @@ class ShardedStore:
         manifest = read_shards_manifest(directory)
         if dim is not None and dim != manifest.dim:
             raise StoreError(
-                f"{directory} holds {manifest.dim}-d vectors, but {dim}-d were expected"
+                f"{directory} holds {manifest.dim}-d vectors, but {dim}-d were expected: "
+                f"{OTHER_MODEL_ADVICE} (shard 0 keeps a copy)"
             )
         if fingerprint is not None and fingerprint != manifest.fingerprint:
             raise StoreError(
                 f"{directory} was built with model fingerprint {manifest.fingerprint}, not "
-                f"{fingerprint}: rebuild the index with this model (into a new folder), or "
-                "use the model it was built with (shard 0 keeps a copy)"
+                f"{fingerprint}: {OTHER_MODEL_ADVICE} (shard 0 keeps a copy)"
             )
         shards: list[IndexStore] = []
         try:

@@ -47,22 +47,33 @@ def check_model(path: Path, fingerprint: str | None, dim: int) -> tuple[Path, st
     return path.resolve(), meta.fingerprint
 
 
+OTHER_MODEL_ADVICE = (
+    "rebuild the index with this model (into a new folder), or use the model it was built with"
+)
+"""What to do when a model is not the one an index was built with (another
+fingerprint or another dimension)."""
+
+
 def check_expected(
     manifest: mf.Manifest, directory: Path, fingerprint: str | None, dim: int | None
 ) -> None:
+    copy = (
+        f" (the index keeps a copy: {directory / manifest.model.file})"
+        if manifest.model and manifest.model.file
+        else ""
+    )
     if dim is not None and dim != manifest.dim:
-        raise StoreError(f"{directory} holds {manifest.dim}-d vectors, but {dim}-d were expected")
+        raise StoreError(
+            f"{directory} holds {manifest.dim}-d vectors, but {dim}-d were expected: "
+            + OTHER_MODEL_ADVICE
+            + copy
+        )
     if fingerprint is not None and fingerprint != manifest.fingerprint:
         built = manifest.fingerprint or "an unrecorded model"
         raise StoreError(
             f"{directory} was built with model fingerprint {built}, not {fingerprint}: "
-            "rebuild the index with this model (into a new folder), or use the model it "
-            "was built with"
-            + (
-                f" (the index keeps a copy: {directory / manifest.model.file})"
-                if manifest.model and manifest.model.file
-                else ""
-            )
+            + OTHER_MODEL_ADVICE
+            + copy
         )
 
 
