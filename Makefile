@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # the serving install of check-serve-install: the base dependencies and the serve extra
 SERVE_VENV ?= .venv-serve
 
-.PHONY: install test lint format check-serve-install demo demo-port demo-clean bench bench-search \
+.PHONY: install test test-slow lint format check-serve-install demo demo-port demo-clean bench bench-search \
 	compose-config clean
 
 # The tested versions of constraints.txt, within the ranges of pyproject.toml; the stamp
@@ -22,11 +22,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# The whole suite; tests/test_serve_install.py runs its commands in the serving install.
+# The suite but the tests marked slow (minutes each: `make test-slow` runs those);
+# tests/test_serve_install.py runs its commands in the serving install.
 test: install $(SERVE_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	VITRIEVAL_SERVE_PYTHON=$(abspath $(SERVE_VENV))/bin/python $(BIN)/python -m pytest $(PYTEST_ARGS)
+	VITRIEVAL_SERVE_PYTHON=$(abspath $(SERVE_VENV))/bin/python $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install $(SERVE_VENV)/.installed
+	VITRIEVAL_SERVE_PYTHON=$(abspath $(SERVE_VENV))/bin/python $(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 # A second virtualenv as `pip install -c constraints.txt -e '.[serve]'` makes it, without
 # torch, built from scratch whenever pyproject.toml or constraints.txt changes (about 20 s
