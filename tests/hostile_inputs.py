@@ -44,6 +44,8 @@ HOSTILE_TEXT = [
 
 DOT_KEYS = [".", "..", "v/.", "hostile/..", "./x", "../x", "a/./b", "a//b", "hostile/", "//h"]
 """Keys HTTP clients would rewrite in a URL: refused at add with a 422."""
+HUGE_INTEGERS = ["9223372036854775808", "-9223372036854775809", "1" + "0" * 400]
+"""Integers int64 cannot hold, as JSON text: refused with a 422 wherever they appear."""
 VECTOR_SCALES = [1e-22, 1e-30, 1e-300, 1e30, 1e38, 1e300]
 """Finite vectors whose squares leave float32's (or float64's) range: they normalise
 and are served like any other."""
@@ -142,13 +144,22 @@ def _deep(depth: int) -> str:
 
 def _json_bodies(rng: random.Random) -> list[tuple[str, str, str, bool, tuple[int, ...]]]:
     """(name, path, JSON text, needs auth, the statuses it must get) with hostile text in
-    every string field, keys clients would rewrite and vectors of extreme scale."""
+    every string field, keys clients would rewrite, vectors of extreme scale and
+    integers outside int64 in metadata and filters."""
     text = rng.choice(HOSTILE_TEXT)
     quoted = json.dumps(text)  # lone surrogates stay \\udXXX escapes, as an attacker sends
     vector = json.dumps([rng.uniform(-1, 1) for _ in range(DIM)])
     scale = rng.choice(VECTOR_SCALES)
     scaled = json.dumps([rng.uniform(-1, 1) * scale for _ in range(DIM)])
     dot_key = json.dumps(rng.choice(DOT_KEYS))
+    huge = rng.choice(HUGE_INTEGERS)
+    huge_filter = rng.choice(
+        [
+            '{"must": [{"key": "n", "match": ' + huge + "}]}",
+            '{"must": [{"key": "n", "match": {"any": [1, ' + huge + "]}}]}",
+            '{"must_not": [{"key": "n", "range": {"gte": ' + huge + "}}]}",
+        ]
+    )
     metadata = rng.choice(
         [
             "{" + quoted + ": 1}",
@@ -206,6 +217,25 @@ def _json_bodies(rng: random.Random) -> list[tuple[str, str, str, bool, tuple[in
             (422,),
         ),
         (f"search-vector-{scale:g}", "/v1/search", '{"vector": ' + scaled + "}", False, (200,)),
+        (
+            "item-huge-integer",
+            "/v1/items",
+            '{"key": "hostile/huge", "metadata": {"n": [1, '
+            + huge
+            + ']}, "vector": '
+            + vector
+            + "}",
+            True,
+            (422,),
+        ),
+        (
+            "search-huge-integer",
+            "/v1/search",
+            '{"vector": ' + vector + ', "filter": ' + huge_filter + "}",
+            False,
+            (422,),
+        ),
+        ("evaluate-huge-integer", "/v1/evaluate", '{"filter": ' + huge_filter + "}", False, (422,)),
         (
             f"item-vector-{scale:g}",
             "/v1/items",
