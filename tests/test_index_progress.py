@@ -48,3 +48,15 @@ def test_rerun_with_nothing_left_says_already_finished(tmp_path, capsys, small_f
     code, out, err = run(capsys, *embed)
     assert code == 0 and out.startswith("already finished, nothing to do: embedded 0 of 6")
     assert "embedding:" not in err  # no progress line when nothing is embedded
+
+
+def test_embed_on_ray_cuts_a_small_catalogue_into_several_parts():
+    from distributed.embed import RAY_PARTS, ray_part_size
+    from index.embed import DEFAULT_PART_SIZE
+
+    # with the single-process default every catalogue below 50,000 was one part, and
+    # `embed --ray` showed 0 until it ended
+    assert ray_part_size(300) == 100  # 3 parts
+    assert ray_part_size(10_000) == 625  # RAY_PARTS parts
+    assert 10_000 / ray_part_size(10_000) == RAY_PARTS
+    assert ray_part_size(10_000_000) == DEFAULT_PART_SIZE
