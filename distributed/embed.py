@@ -1,11 +1,11 @@
-"""`vitrieval-index embed --ray ADDRESS`: the parts of an embed done by a Ray Data actor
-pool, into the same embeddings folder `index.embed` writes.
+"""`vitrieval-index embed --ray ADDRESS`: the parts of an embed done by a pool of Ray
+actors, into the same embeddings folder `index.embed` writes.
 
 The driver (the command's process) opens the folder with `index.embed.start_job`,
 exactly as the single-process embed does (same checks, same resumability: parts
-recorded in embeddings.json are skipped), and makes a Ray Dataset of the parts left
-to do: one row per part, its inputs (key, label, path, metadata) as JSON. `map_batches` hands
-the rows to a fixed pool of actors (`PartEmbedder`), each holding one Embedder (one
+recorded in embeddings.json are skipped), and hands the parts left to do, each as its
+inputs (key, label, path, metadata) in JSON, one at a time to a fixed pool of
+actors (`PartEmbedder`), each holding one Embedder (one
 ONNX Runtime session) for its lifetime. An actor embeds a whole part with
 `index.embed.embed_part` (the same decoding and model as the single-process embed),
 writes its Parquet file atomically and returns its row count and unreadable inputs;
@@ -42,7 +42,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -64,14 +64,13 @@ from .cluster import (
     parse_address,
     plan_actors,
     ray_cluster,
-    ray_log_level,
 )
 
 logger = logging.getLogger("vitrieval.distributed")
 
 ACTOR_RESTARTS = 2
 """Times an embedding actor whose process died (a node lost, a decoder crash, the
-kernel's OOM killer) is started again. Ray Data's default is forever, with every part
+kernel's OOM killer) is started again. Unbounded (Ray Data's default), every part is
 retried forever: a part that kills its actor would loop until someone noticed."""
 PART_RETRIES = 2
 """Times a part whose actor died is tried again, on a restarted actor."""
@@ -125,6 +124,10 @@ class PartEmbedder:
             )
         self.out = Path(out)
         self.base = Path(base)
+
+    def embed(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The remote method: Ray actors expose named methods, not `__call__`."""
+        return self(batch)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         numbers, rows, failed = [], [], []
@@ -225,69 +228,72 @@ def embed_on_ray(
 def _run(
     ray: ModuleType, job: EmbedJob, plan: ActorPlan, constructor: dict[str, Any], progress: bool
 ) -> None:
-    """Embed the parts of `job.todo` on the actor pool, committing each as it returns."""
-    import ray.data as ray_data  # `import ray` alone leaves Ray Data unloaded
+    """Embed the parts of `job.todo` on the actor pool, committing each as it returns.
 
-    # Ray Data's execution log and notes (after its import, which sets its loggers up)
-    logging.getLogger("ray.data").setLevel(ray_log_level())
-    context = ray_data.DataContext.get_current()
-    context.enable_progress_bars = False  # the job's own bar counts images
-    context.print_on_execution_start = False
-    # an actor's EmbeddingsError or ModelMetadataError reaches the CLI as itself: one line
-    context.raise_original_map_exception = True
-    rows = [
-        {
-            "part": number,
-            "inputs": json.dumps(
-                [
-                    [
-                        item.key,
-                        item.label,
-                        None if item.path is None else str(item.path),
-                        item.metadata,
-                    ]
-                    for item in job.items[slice(*job.ranges[number])]
-                ]
-            ),
-        }
-        for number in job.todo
-    ]
-    dataset = ray_data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-        PartEmbedder,
-        batch_size=1,
-        # one part at a time per actor: a part queued behind another on a busy actor
-        # would wait while an idle actor has nothing
-        compute=ray_data.ActorPoolStrategy(size=plan.actors, max_tasks_in_flight_per_actor=1),
+    Plain Ray actors, given one part at a time each (a part queued behind another on a
+    busy actor would wait while an idle actor has nothing). Ray Data's actor pool took
+    the restart and retry bounds only as `ray_remote_args`, which Ray deprecates
+    (removed in Ray 2.64); `ray.remote` takes them as named options."""
+    worker = ray.remote(
         num_cpus=plan.threads,
-        num_gpus=1 if plan.gpu else None,
-        fn_constructor_kwargs=constructor,
+        num_gpus=1 if plan.gpu else 0,
         max_restarts=ACTOR_RESTARTS,
         max_task_retries=PART_RETRIES,
-    )
+    )(PartEmbedder)
+    actors = [worker.remote(**constructor) for _ in range(plan.actors)]
+    waiting = list(job.todo)
+    running: dict[Any, Any] = {}  # the result of a part -> the actor embedding it
     bar = job.progress_bar(progress)
     try:
-        for row in _results(ray, dataset):
-            number = int(row["part"])
+        while waiting or running:
+            while waiting and len(running) < len(actors):
+                busy = list(running.values())
+                actor = next(a for a in actors if not any(a is b for b in busy))
+                running[actor.embed.remote(_part_batch(job, waiting.pop(0)))] = actor
+            (ready,), _ = ray.wait(list(running), num_returns=1)
+            del running[ready]
+            row = _result(ray, ready)
+            number = int(row["part"][0])
             name = part_name(number)
             if not (job.out / name).is_file():
                 raise ClusterError(
                     f"an actor wrote {name}, but {job.out} here does not hold it: on a "
                     "cluster of several machines, --out must be on storage every node shares"
                 )
-            job.commit(number, int(row["rows"]), json.loads(row["failed"]))
+            job.commit(number, int(row["rows"][0]), json.loads(row["failed"][0]))
             start, stop = job.ranges[number]
             bar.update(stop - start)
     finally:
         bar.close()
+        for actor in actors:
+            ray.kill(actor)
 
 
-def _results(ray: ModuleType, dataset: Any) -> Iterator[dict[str, Any]]:
-    """The dataset's rows as the actors return them. An actor that could not start (a
-    model missing or different on its node, no GPU provider) is one line: the error it
-    raised, the last line of Ray's report; one whose process died on a part more times
-    than the retries allow (`ACTOR_RESTARTS`, `PART_RETRIES`) is one line saying so."""
+def _part_batch(job: EmbedJob, number: int) -> dict[str, np.ndarray]:
+    """Part `number` as the one-row batch `PartEmbedder` takes: its inputs as JSON."""
+    inputs = [
+        [item.key, item.label, None if item.path is None else str(item.path), item.metadata]
+        for item in job.items[slice(*job.ranges[number])]
+    ]
+    return {
+        "part": np.array([number], np.int64),
+        "inputs": np.array([json.dumps(inputs)], dtype=object),
+    }
+
+
+def _result(ray: ModuleType, ref: Any) -> dict[str, np.ndarray]:
+    """What an actor returned for a part. An error raised while embedding reaches the
+    CLI as itself (one line); an actor that could not start (a model missing or
+    different on its node, no GPU provider) is one line, the last of Ray's report; one
+    whose process died more times than the restarts allow (`ACTOR_RESTARTS`,
+    `PART_RETRIES`) is one line saying so."""
     try:
-        yield from dataset.iter_rows()
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise ClusterError(f"an embedding actor failed: {_last_line(exc)}") from None
     except ray.exceptions.RayError as exc:
         if isinstance(exc, ray.exceptions.ActorDiedError) and not exc.actor_init_failed:
             # max_restarts counts an actor's deaths over its life, not one part's, and
@@ -299,7 +305,9 @@ def _results(ray: ModuleType, dataset: Any) -> Iterator[dict[str, Any]]:
                 "are kept and a re-run embeds the rest (if it dies the same way, try "
                 "VITRIEVAL_DECODER=pillow)"
             ) from None
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        raise ClusterError(
-            f"an embedding actor failed: {lines[-1] if lines else type(exc).__name__}"
-        ) from None
+        raise ClusterError(f"an embedding actor failed: {_last_line(exc)}") from None
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
