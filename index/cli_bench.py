@@ -284,6 +284,14 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
         print(f"  skipped {failure['key']}: {failure['reason']}")
     if len(report["unreadable"]) > 10:
         print(f"  ... and {len(report['unreadable']) - 10} more")
+    # the times first: the table, the re-ranked rows and the summary end the output
+    print(
+        f"decoding {report['copies_photo_decodes']} photos for their copies took "
+        f"{report['copies_decode_seconds']:.2f} s, editing "
+        f"{report['copies_edit_seconds']:.2f} s, saving {report['copies_save_seconds']:.2f} s "
+        f"(summed over decoding threads); the model {report['gallery_model_seconds']:.2f} s "
+        f"on the gallery and {report['copies_model_seconds']:.2f} s on the copies"
+    )
     print(format_table(report))
     for kind, part in report["by_transform"].items():
         print(
@@ -296,13 +304,6 @@ def _bench_copy_detection(args: argparse.Namespace) -> int:
         f" (a photo of the original's folder counts as found; {report['n_labels']} labels)"
         if args.labels_from_folders
         else ""
-    )
-    print(
-        f"decoding {report['copies_photo_decodes']} photos for their copies took "
-        f"{report['copies_decode_seconds']:.2f} s, editing "
-        f"{report['copies_edit_seconds']:.2f} s, saving {report['copies_save_seconds']:.2f} s "
-        f"(summed over decoding threads); the model {report['gallery_model_seconds']:.2f} s "
-        f"on the gallery and {report['copies_model_seconds']:.2f} s on the copies"
     )
     first = f"recall@{min(args.ks or DEFAULT_KS)}"  # --ks may leave 1 out
     print(

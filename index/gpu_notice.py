@@ -18,12 +18,23 @@ _lock = threading.Lock()
 _said: set[str] = set()
 
 
-def say_cpu_only(reasons: dict[str, str]) -> None:
-    """Log at INFO, in one line, why each library of `reasons` ({library: reason})
-    runs on the CPU, leaving out the libraries this process has already named."""
+def claim_cpu_only(reasons: dict[str, str]) -> dict[str, str]:
+    """Mark the libraries of `reasons` ({library: reason}) as named, so that their own
+    later calls stay silent; returns the ones not named before, for `say_cpu_only`."""
     with _lock:
         new = {library: why for library, why in reasons.items() if library not in _said}
         _said.update(new)
-    if new:
-        parts = "; ".join(f"{library}: {why}" for library, why in new.items())
+    return new
+
+
+def log_cpu_only(reasons: dict[str, str]) -> None:
+    """The one INFO line for `reasons` (claimed already; nothing when empty)."""
+    if reasons:
+        parts = "; ".join(f"{library}: {why}" for library, why in reasons.items())
         logger.info("no GPU in use (%s): running on the CPU", parts)
+
+
+def say_cpu_only(reasons: dict[str, str]) -> None:
+    """Log at INFO, in one line, why each library of `reasons` ({library: reason})
+    runs on the CPU, leaving out the libraries this process has already named."""
+    log_cpu_only(claim_cpu_only(reasons))

@@ -19,7 +19,7 @@ from PIL import Image
 from index.atomic import atomic_write_bytes, fsync_dir
 from index.embedder import CPU, Embedder, ort_cpu_reason, select_providers
 from index.follow import CommitFollower
-from index.gpu_notice import say_cpu_only
+from index.gpu_notice import claim_cpu_only, log_cpu_only
 from index.images import DecodeBudget, DecodeBudgetBusy
 from index.shards import ShardedStore, open_index
 from index.store import IndexStore
@@ -103,7 +103,9 @@ class ServiceState:
             on_gpu = select_providers(settings.device, log=False)[0][0] != CPU
         except ValueError:  # an unknown device: the Embedder below says so
             on_gpu = False
-        _say_cpu_only(on_gpu, settings.device)
+        # claimed now (the embedder and every segment stay silent), said once loaded: a
+        # start-up that fails ends with its one error line alone
+        cpu_only = _claim_cpu_only(on_gpu, settings.device)
         layout = model_layout(settings, on_gpu)
         try:
             embedder = Embedder(
@@ -157,6 +159,7 @@ class ServiceState:
         except (ImageDecodeError, ValueError, RuntimeError) as exc:
             state.close()
             raise StartupError(f"self-check failed: {exc}") from None
+        log_cpu_only(cpu_only)
         metrics.track_index(
             lambda: len(state.current_store()),
             lambda: state.current_store().journal_pending,
@@ -289,12 +292,13 @@ def _png_bytes(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def _say_cpu_only(model_on_gpu: bool, device: str) -> None:
-    """On a host without a GPU, one start-up line for both libraries (the embedder and
-    every index segment would each say it again otherwise; `index.gpu_notice`)."""
+def _claim_cpu_only(model_on_gpu: bool, device: str) -> dict[str, str]:
+    """On a host without a GPU, why each library runs on the CPU, claimed for one
+    start-up line (the embedder and every index segment would each say it again
+    otherwise; `index.gpu_notice`)."""
     reasons = {}
     if not model_on_gpu and device.lower() == "auto":
         reasons["onnxruntime"] = ort_cpu_reason()
     if not check_gpu_mode("auto"):  # the service opens its index with gpu="auto"
         reasons["FAISS"] = faiss_cpu_reason()
-    say_cpu_only(reasons)
+    return claim_cpu_only(reasons)
