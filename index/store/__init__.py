@@ -18,6 +18,9 @@ This docstring is the contract of the on-disk format (format_version 2)::
       seg.<n>.dba.npy          (augment.py); .npy absent for "Flat"
       seg.<n>.del.<g>.npy      segment n's tombstones as of generation g (sorted int64)
       journal.sqlite           the write-ahead journal of the growing segment (journal.py)
+      journal.rejected.jsonl   journal rows `verify --repair` set aside (journal_repair.py)
+      .readers/                one locked lease per open store: the files of the
+                               generation it reads (leases.py)
       .lock, .journal.lock     advisory locks (empty; never read)
 
 manifest.json::
@@ -45,8 +48,9 @@ manifest.json::
 - Save: seal the growing segment into new segment files, write the tombstone lists
   that changed (under the new generation's number), write the model copy or the
   quantizer if new, then atomically replace manifest.json (the commit point), then
-  delete the files no longer listed. Its cost follows the change. Searches run
-  meanwhile: files are written outside the store's lock.
+  delete the files no longer listed that no live reader's lease names. Its cost
+  follows the change. Searches run meanwhile: files are written outside the store's
+  lock.
 - Merge (merge.py, persist.py): small segments, and segments more than 20% tombstones,
   are folded into a new segment (tombstoned items dropped), committed the same way;
   the merged segments' files are verified before they are read. With `dba` set, the
