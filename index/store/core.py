@@ -24,7 +24,7 @@ from ..rerank import DEFAULT_DBA_ALPHA
 from . import manifest as mf
 from .augment import check_dba
 from .checks import as_matrix, check_ids, checked_items
-from .damage import mark_damaged, take_out_changed
+from .damage import changed_on_disk, with_damaged
 from .errors import DamagedIndexError, KeyExistsError, StoreError
 from .fields import FieldSelection, check_field_paths
 from .filters import Filter
@@ -196,8 +196,9 @@ class IndexStore:
 
     def _serving(self) -> list[Segment]:
         """`_segments()` once any sealed segment whose files changed on disk is out of
-        service (a stat a file: health.take_out_changed); reads call it, locked."""
-        take_out_changed(self)
+        service (damage.changed_on_disk); reads call it, locked."""
+        for segment, reason in changed_on_disk(self._sealed):
+            self.mark_damaged(segment, reason)
         return self._segments()
 
     def _locate(self, keys: Sequence[str]) -> list[tuple[Segment, dict[str, int]]]:
@@ -540,7 +541,10 @@ class IndexStore:
     def mark_damaged(self, segment: SealedSegment, reason: str) -> None:
         """Take `segment` out of service, unless a merge replaced it meanwhile (its files
         are gone because they were merged, not damaged)."""
-        mark_damaged(self, segment, reason)
+        with self._lock:
+            self._damaged = with_damaged(
+                self._sealed, self._damaged, segment, reason, self.directory
+            )
 
     def damaged_segments(self) -> list[tuple[int, str]]:
         """(number, reason) of the segments out of service. Lock-free (a copy of a

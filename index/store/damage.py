@@ -4,39 +4,47 @@ the process) and the short codes that report why."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .core import IndexStore
     from .segment import SealedSegment
 
 logger = logging.getLogger("index.store.core")
 
 
-def mark_damaged(store: IndexStore, segment: SealedSegment, reason: str) -> None:
-    """`IndexStore.mark_damaged`: take `segment` out of service and log why."""
-    with store._lock:
-        if segment not in store._sealed:
-            return
-        segment.damaged = reason
-        store._damaged = {**store._damaged, segment.number: reason}
+def with_damaged(
+    sealed: Sequence[SealedSegment],
+    damaged: dict[int, str],
+    segment: SealedSegment,
+    reason: str,
+    directory: Path,
+) -> dict[int, str]:
+    """The store's damaged-segment map once `segment` is out of service for `reason`
+    (logged); unchanged when `segment` is no longer among the store's `sealed` (a
+    merge replaced it: its files are gone because they were merged). The caller holds
+    the store's lock and keeps the map it returns."""
+    if segment not in sealed:
+        return damaged
+    segment.damaged = reason
     logger.error(
-        "segment %d of %s is damaged and out of service: %s",
-        segment.number,
-        store.directory,
-        reason,
+        "segment %d of %s is damaged and out of service: %s", segment.number, directory, reason
     )
+    return {**damaged, segment.number: reason}
 
 
-def take_out_changed(store: IndexStore) -> None:
-    """Take out of service every sealed segment whose files changed on disk since they
-    were opened (SealedSegment.changed_on_disk): called under the store's lock before
+def changed_on_disk(sealed: Sequence[SealedSegment]) -> list[tuple[SealedSegment, str]]:
+    """(segment, reason) for every sealed segment in service whose files changed on disk
+    since they were opened (a stat a file: SealedSegment.changed_on_disk). Read before
     each read of the sealed segments, so FAISS never reads a truncated mapping."""
-    for segment in store._sealed:
+    found = []
+    for segment in sealed:
         if segment.damaged is None:
             reason = segment.changed_on_disk()
             if reason is not None:
-                mark_damaged(store, segment, reason)
+                found.append((segment, reason))
+    return found
 
 
 DAMAGE_CODES = (
