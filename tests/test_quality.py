@@ -19,7 +19,7 @@ def raw_pixel_recall_at_1() -> float:
     return retrieval_metrics(pixels, [item.label for item in held_out], ks=(1,))["recall@1"]
 
 
-@pytest.mark.quality  # about 4 minutes on 2 cores; in `make test`: it is the quality bar
+@pytest.mark.quality  # 4 min (fast 2 cores) to 18 min (slow); in `make test`: the quality bar
 @pytest.mark.timeout(1800)  # a loaded machine may take several times longer
 def test_default_recipe_reaches_0_98_on_held_out_digits(tmp_path):
     run = tmp_path / "run"
