@@ -1,0 +1,66 @@
+"""Ctrl-C while a command is still starting: one line and exit 130, never a traceback."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from index import launch
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(sys.executable).parent
+
+
+def test_every_console_script_goes_through_the_launcher() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"vitrieval-index", "vitrieval-train", "vitrieval-serve"}
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        assert module == "index.launch", name
+        assert callable(getattr(launch, function)), target
+
+
+def test_an_interrupted_import_is_one_line(tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "slow_to_start.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert launch.run_command("vitrieval-index", "slow_to_start") == 130
+    assert capsys.readouterr().err == "vitrieval-index: stopped while starting; nothing was done\n"
+
+
+def test_the_command_answers_once_it_runs(tmp_path, monkeypatch) -> None:
+    (tmp_path / "quick_command.py").write_text("def main():\n    return 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert launch.run_command("vitrieval-index", "quick_command") == 7
+
+
+@pytest.mark.parametrize("program", ["vitrieval-index", "vitrieval-train", "vitrieval-serve"])
+def test_ctrl_c_in_the_first_half_second_prints_no_traceback(program: str) -> None:
+    script = SCRIPTS / program
+    if not script.exists():
+        pytest.skip(f"{program} is not installed in this environment")  # pragma: no cover
+    # `--help` of a subcommand imports the command's modules: numpy, FAISS, ONNX Runtime,
+    # torch for training. Signals land at several points of those imports.
+    argv = {
+        "vitrieval-index": ["info", "--help"],
+        "vitrieval-train": ["fit", "--help"],
+        "vitrieval-serve": ["--help"],
+    }[program]
+    for delay in (0.05, 0.15, 0.3):
+        proc = subprocess.Popen(
+            [str(script), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, (delay, err)
+        # Python's own start-up may take the signal before any project code runs (killed by
+        # SIGINT, no output), or the command may have finished its help already.
+        assert proc.returncode in (130, 0, -signal.SIGINT), (delay, proc.returncode, err)
+        if proc.returncode == 130 and err.strip():  # the server stops quietly once it runs
+            assert err.strip().splitlines()[-1].startswith(f"{program}: "), err
