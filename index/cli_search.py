@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from .cli_common import add_runtime_options, embedder_from_args, open_index_with_model
 from .fusion import FUSIONS
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+
+NEAREST_FOR_KEYS = 100
+"""Items a filter that matched nothing has its keys looked for in (the first query's
+nearest, unfiltered): a misspelt key matches nothing, and says nothing on its own."""
 
 
 def add_search_command(sub: argparse._SubParsersAction) -> None:
@@ -95,6 +100,31 @@ def _rerank(args: argparse.Namespace):
     return AQE(n, alpha)  # ValueError: out of range
 
 
+def missing_filter_keys(store: Any, query: Any, raw_filter: dict[str, Any]) -> str | None:
+    """A note when a filter that matched nothing names metadata keys that none of the
+    query's NEAREST_FOR_KEYS nearest items has (None when every key was seen)."""
+    from .filters import parse_filter
+    from .query import search_store
+    from .store.fields import flatten
+    from .store.filters import field_values
+
+    fields = {leaf.field for leaf in parse_filter(raw_filter).leaves() if not leaf.field.label}
+    nearest = [hit for _, hit in search_store(store, query[None], NEAREST_FOR_KEYS)[0]]
+    missing = sorted(
+        field.name
+        for field in fields
+        if not any(field_values(field, hit.label, hit.metadata) for hit in nearest)
+    )
+    if not missing or not nearest:
+        return None
+    seen = sorted({path for hit in nearest for path, _ in flatten(hit.metadata)})
+    return (
+        f"the filter matched nothing, and none of the {len(nearest)} nearest items has "
+        f"{', '.join(repr(name) for name in missing)} in its metadata "
+        f"(they have: {', '.join(seen) if seen else 'no metadata'}); check the key's spelling"
+    )
+
+
 def search_command(args: argparse.Namespace) -> int:
     from .images import ImageDecodeError
     from .query import Where, search_store, search_store_fused
@@ -119,13 +149,24 @@ def search_command(args: argparse.Namespace) -> int:
         ranked = search_store(store, embedded.embeddings, args.k, where=where, rerank=rerank)
         queries = [str(path) for path in args.images]
         results = [[hit for _, hit in row] for row in ranked]
+    if where.filter is not None and not any(results):
+        note = missing_filter_keys(store, embedded.embeddings[0], where.filter)
+        if note:
+            print(f"vitrieval-index search: note: {note}", file=sys.stderr)
     if args.json:
         payload = [
             {
                 "query": query,
                 **({"fusion": args.fuse} if args.fuse else {}),
                 "hits": [
-                    {"key": h.key, "score": h.score, "label": h.label, "path": h.path} for h in hits
+                    {
+                        "key": h.key,
+                        "score": h.score,
+                        "label": h.label,
+                        "path": h.path,
+                        "metadata": h.metadata,
+                    }
+                    for h in hits
                 ],
             }
             for query, hits in zip(queries, results, strict=True)

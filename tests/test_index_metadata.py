@@ -46,6 +46,8 @@ def test_build_from_csv_carries_metadata_into_filters(tmp_path, capsys, listed, 
     red = {"must": [{"key": "colour", "match": "red"}]}
     hits = _hits(capsys, index, listed / "0.png", red)
     assert sorted(hit["key"] for hit in hits) == ["k0", "k2", "k4", "k6"]
+    # --json hits carry each item's metadata, as the HTTP API's do
+    assert {hit["key"]: hit["metadata"] for hit in hits}["k2"] == {"colour": "red", "n": 2}
     big = {"must": [{"key": "n", "range": {"gte": 6}}]}
     assert sorted(hit["key"] for hit in _hits(capsys, index, listed / "0.png", big)) == [
         "k6",
@@ -121,3 +123,26 @@ def test_add_one_image_needs_a_key(tmp_path, capsys, listed, tiny_onnx):
     assert code == 2 and "--metadata: metadata must be a JSON object" in err
     code, _, err = run(capsys, "add", index, "--images", listed, "--key", "e")
     assert code == 2 and "--key applies to one IMAGE" in err
+
+
+def test_a_misspelt_filter_key_says_so(tmp_path, capsys, listed, tiny_onnx):
+    index = tmp_path / "index"
+    code, _, err = run(
+        capsys, "build", "--model", tiny_onnx, "--images", listed / "list.csv", "--out", index
+    )
+    assert code == 0, err
+    misspelt = {"must": [{"key": "color", "match": "red"}]}
+    code, out, err = run(
+        capsys, "search", index, listed / "0.png", "--json", "--filter", json.dumps(misspelt)
+    )
+    assert code == 0, err  # an empty answer is an answer
+    assert json.loads(out)[0]["hits"] == []
+    assert "none of the 8 nearest items has 'color' in its metadata" in err
+    assert "(they have: colour, n)" in err
+
+    # a key that exists but matches nothing is a plain empty answer, with no note
+    absent = {"must": [{"key": "colour", "match": "purple"}]}
+    code, out, err = run(
+        capsys, "search", index, listed / "0.png", "--json", "--filter", json.dumps(absent)
+    )
+    assert code == 0 and json.loads(out)[0]["hits"] == [] and err == ""
