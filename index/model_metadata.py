@@ -78,6 +78,13 @@ def model_file(path: str | Path) -> Path:
     stands for its model copy in the CLI: `index.cli_common.model_from_args`.)"""
     path = Path(path)
     if path.is_dir():
+        exported = sorted(p for p in path.iterdir() if p.suffix == ".onnx" and p.is_file())
+        if exported:  # a run folder after `export`: say which file to pass
+            files = " or ".join(str(p) for p in exported[:4])
+            raise ModelMetadataError(
+                f"{path} is a folder, not a model file; it holds the exported model {files}: "
+                "pass that file as the model"
+            )
         if any(p.suffix in CHECKPOINT_SUFFIXES for p in path.iterdir()):
             raise ModelMetadataError(
                 f"{path} is a training run folder, not an exported model: {_export_hint(str(path))}"

@@ -53,6 +53,13 @@ def test_checkpoints_and_folders_as_model(tmp_path, capsys, photos, tiny_onnx):
     code, _, err = run(capsys, *build, tmp_path)
     assert code == 2 and f"{tmp_path} is a folder, not a model file" in err
     assert not out.exists()
+    # a run folder after `export` (the demo's runs/demo): the file to pass is named
+    (run_folder / "model.onnx").write_bytes(b"exported")
+    code, _, err = run(capsys, *build, run_folder)
+    assert code == 2 and err.count("\n") == 1
+    assert f"holds the exported model {run_folder / 'model.onnx'}: pass that file" in err
+    assert "export it first" not in err
+    (run_folder / "model.onnx").unlink()
 
     # an index folder stands for the model it keeps
     assert run(capsys, *build, tiny_onnx)[0] == 0
