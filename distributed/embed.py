@@ -14,7 +14,8 @@ arrive, in any order, with the same `EmbedJob.commit`. A killed driver loses the
 parts in flight; a re-run embeds those only.
 
 Parts are the unit of parallelism: a list of P parts keeps at most P actors busy
-(`--part-size` sets it; the default, 50,000 images, suits catalogues of millions).
+(`--part-size` sets it; the default, `index.embed.default_part_size`, is 16 parts of
+100 to 50,000 images, the same rule as the single-process embed).
 
 Threads per actor (T, `--actor-threads`): each actor reserves T of Ray's CPUs, runs
 ONNX Runtime with T intra-op threads and decodes with T threads (decoding and the
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 
 from index.datasets import Item
-from index.embed import DEFAULT_PART_SIZE, EmbedJob, EmbedReport, embed_part, start_job
+from index.embed import EmbedJob, EmbedReport, embed_part, start_job
 from index.embedder import Embedder
-from index.embeddings import META_FILE, EmbeddingsError, part_name
+from index.embeddings import EmbeddingsError, part_name
 from index.vips_decode import DECODER_ENV, decoder_setting
 
 from .cluster import (
@@ -74,20 +74,6 @@ kernel's OOM killer) is started again. Unbounded (Ray Data's default), every par
 retried forever: a part that kills its actor would loop until someone noticed."""
 PART_RETRIES = 2
 """Times a part whose actor died is tried again, on a restarted actor."""
-
-
-RAY_PARTS = 16
-"""Parts a new folder on Ray is cut into by default (see `ray_part_size`)."""
-RAY_MIN_PART_SIZE = 100
-"""The smallest default part on Ray: a part is one Ray task and one Parquet file."""
-
-
-def ray_part_size(inputs: int) -> int:
-    """The default `--part-size` of a new embeddings folder on Ray: `RAY_PARTS` parts,
-    each of at least `RAY_MIN_PART_SIZE` images and at most the single-process default.
-    Parts are Ray's unit of work and of progress: with the 50,000 default every catalogue
-    below it was one part, on one actor, its progress 0 until the end."""
-    return min(DEFAULT_PART_SIZE, max(RAY_MIN_PART_SIZE, math.ceil(inputs / RAY_PARTS)))
 
 
 class PartEmbedder:
@@ -194,8 +180,6 @@ def embed_on_ray(
     import_ray()  # before any work: without Ray, one line naming the extra
     # the driver's own session only checks the model and gives its fingerprint and size
     driver = Embedder(model, device="cpu", batch_size=batch_size, intra_op_threads=1)
-    if part_size is None and not (Path(out) / META_FILE).is_file():  # resumed: its own size
-        part_size = ray_part_size(len(items))
     job = start_job(items, out, driver, part_size=part_size, source=source)
     if job.todo:
         with ray_cluster(address) as ray:

@@ -136,8 +136,11 @@ def build_index(
         # The embedder streams batches without pausing its decode pipeline; commit every
         # `save_every` images so an interrupted build resumes close to where it stopped.
         since_save = 0
+        before = len(store)
+        # the bar moves as images are read, so it runs up to a batch ahead of the index
+        bar = progress_bar(len(todo), "images", "embedding", enabled=progress)
         try:
-            for result in embedder.iter_items(todo, progress=progress):
+            for result in embedder.iter_items(todo, on_image=bar.update):
                 good = good_items(result)
                 if good:
                     _add_chunk(store, good, result.embeddings)
@@ -148,9 +151,16 @@ def build_index(
                     since_save = 0
         except KeyboardInterrupt:
             store.save()  # Ctrl-C: keep every image embedded so far; a re-run skips them
+            # what the index holds now, whatever the step the Ctrl-C landed in: the bar's
+            # last line and the stop line both say it (the batch being embedded is not)
+            kept = len(store) - before
+            bar.update(kept + len(report.failed) - bar.n)
+            unreadable = f" ({len(report.failed)} unreadable skipped)" if report.failed else ""
             raise Stopped(
-                f"{report.indexed} new image(s) saved, {out} holds {len(store)} items"
+                f"{kept} new image(s) saved{unreadable}, {out} holds {len(store)} items"
             ) from None
+        finally:
+            bar.close()
     store.save()  # also leaves a valid, empty index when there was nothing to add
     report.seconds = time.perf_counter() - started
     report.images_per_s = report.indexed / report.seconds if report.seconds else 0.0

@@ -457,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--part-size",
         type=int,
         metavar="N",
-        help="images per Parquet part (default 50,000); a re-run keeps the finished parts",
+        help="images per Parquet part (default: 16 parts of 100 to 50,000 images); a "
+        "re-run keeps the finished parts",
     )
     add_runtime_options(embed)
     add_ray_options(embed, actors=True)
@@ -576,11 +577,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return args.handler(args)
         return args.handler(args)
     except (*USER_ERRORS, OptimizeError, QuantizeError, StoreError) as exc:
-        print(f"vitrieval-index {args.command}: error: {exc}", file=sys.stderr)
+        print(f"vitrieval-index {args.command}: error: {_in_cli_words(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print(stopped_message(args.command, argv, exc), file=sys.stderr)
         return 130
+
+
+def _in_cli_words(exc: Exception) -> str:
+    """`exc`'s message, where the store's says what to do in Python (`overwrite=True`,
+    which `build` has no option for) in this command's words."""
+    from .store.errors import FolderNotEmptyError, held_names
+
+    if isinstance(exc, FolderNotEmptyError):
+        return (
+            f"{exc.directory} is not empty and holds no index (it holds "
+            f"{held_names(exc.held)}): build into a new or empty folder, or move those "
+            "files out of it"
+        )
+    return str(exc)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """`vitrieval-index embed`: embed a list of images into an embeddings folder, part by part.
 
 The folder's format is `index.embeddings`. The job cuts the image list (a folder walk
-or a CSV, read as `build --images` reads it) into parts of `part_size` images; part i
+or a CSV, read as `build --images` reads it) into parts of `part_size` images (by
+default `default_part_size`: about `DEFAULT_PARTS` parts, whatever the runner); part i
 holds the readable images among inputs [i * part_size, (i + 1) * part_size) and is
 written as `part-0000i.parquet` atomically. After each part, `errors.csv` (path,
 reason, key and part of every unreadable file) and then `embeddings.json` (the commit
@@ -27,6 +28,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -55,9 +57,13 @@ from .embeddings import (
 from .progress import LineProgress, progress_bar
 from .stopping import Stopped
 
-DEFAULT_PART_SIZE = 50_000
-"""Images per part: a part's vectors are held in memory until it is written (50,000
-768-d float32 vectors: 150 MB), and a kill loses at most one part."""
+MAX_PART_SIZE = 50_000
+"""The largest default part: a part's vectors are held in memory until it is written
+(50,000 768-d float32 vectors: 150 MB), and a kill loses at most one part."""
+DEFAULT_PARTS = 16
+"""Parts a new folder is cut into by default (see `default_part_size`)."""
+MIN_PART_SIZE = 100
+"""The smallest default part: a part is one Parquet file (and one Ray task)."""
 ERROR_COLUMNS = ("path", "reason", "key", "part")
 _PART_NAME = re.compile(r"part-(\d{5})\.parquet")
 
@@ -86,6 +92,15 @@ class EmbedReport:
             f"embedded {self.embedded} of {self.inputs} images{notes} in {self.seconds:.1f}s "
             f"({rate:.0f} img/s); {out} holds {self.count} embeddings in {self.parts} part(s)"
         )
+
+
+def default_part_size(inputs: int) -> int:
+    """The part size of a new folder of `inputs` images without `--part-size`, in this
+    process or on Ray: `DEFAULT_PARTS` parts of `MIN_PART_SIZE` to `MAX_PART_SIZE`
+    images. Parts are what a Ctrl-C or a kill keeps, and Ray's unit of work and of
+    progress: with one fixed size of 50,000, every catalogue below it was one part, so
+    a stop kept nothing and `--ray` showed 0 until the end."""
+    return min(MAX_PART_SIZE, max(MIN_PART_SIZE, math.ceil(inputs / DEFAULT_PARTS)))
 
 
 def inputs_checksum(items: Sequence[Item]) -> str:
@@ -120,6 +135,9 @@ def embed_to_folder(
             part.write(job.out / part_name(number))
             job.commit(number, part.rows, part.failed)
     except KeyboardInterrupt:
+        # the bar counted the inputs of the part under way as they were read; its last
+        # line must show what the stop keeps, the committed parts
+        bar.update(job.done_inputs() - bar.n)
         raise job.stopped() from None
     finally:
         bar.close()
@@ -212,8 +230,13 @@ class EmbedJob:
     def progress_bar(self, progress: bool = True) -> tqdm | LineProgress:
         """One bar for the whole list (plain lines off a terminal), starting from the
         parts done before."""
-        done = sum(entry["stop"] - entry["start"] for entry in self.done.values())
-        return progress_bar(len(self.items), "images", "embedding", initial=done, enabled=progress)
+        return progress_bar(
+            len(self.items), "images", "embedding", initial=self.done_inputs(), enabled=progress
+        )
+
+    def done_inputs(self) -> int:
+        """Inputs (readable or not) of the parts committed so far."""
+        return sum(entry["stop"] - entry["start"] for entry in self.done.values())
 
     def commit(self, number: int, rows: int, failed: list[dict]) -> None:
         """Record part `number`, whose file holds `rows` rows: its unreadable inputs go
@@ -273,7 +296,7 @@ def start_job(
     out = Path(out)
     if part_size is not None and part_size < 1:
         raise EmbeddingsError(f"--part-size must be at least 1, got {part_size}")
-    meta = _start(out, embedder, part_size, source)
+    meta = _start(out, embedder, part_size, len(items), source)
     size: int = meta["part_size"]
     ranges = [(start, min(start + size, len(items))) for start in range(0, len(items), size)]
     done = _check_done(out, meta, items, ranges)
@@ -287,9 +310,13 @@ def start_job(
     return EmbedJob(out, items, meta, ranges, done, todo, _read_errors(out), report, started)
 
 
-def _start(out: Path, embedder: Embedder, part_size: int | None, source: str | None) -> dict:
+def _start(
+    out: Path, embedder: Embedder, part_size: int | None, inputs: int, source: str | None
+) -> dict:
     """The folder's embeddings.json: the one a previous run left, checked against this
-    run, or a new one (written at once, so the folder is known as an embed's)."""
+    run, or a new one (written at once, so the folder is known as an embed's). Without
+    --part-size a resumed folder keeps its own, and a new one takes the default for
+    its `inputs` images."""
     model = str(embedder.model_path.resolve())
     if (out / META_FILE).is_file():
         meta = read_meta(out)
@@ -327,7 +354,7 @@ def _start(out: Path, embedder: Embedder, part_size: int | None, source: str | N
         "model_fingerprint": embedder.fingerprint,
         "model": model,
         "source": source,
-        "part_size": part_size or DEFAULT_PART_SIZE,
+        "part_size": part_size or default_part_size(inputs),
         "inputs": None,
         "count": 0,
         "unreadable": 0,

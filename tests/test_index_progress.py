@@ -50,13 +50,12 @@ def test_rerun_with_nothing_left_says_already_finished(tmp_path, capsys, small_f
     assert "embedding:" not in err  # no progress line when nothing is embedded
 
 
-def test_embed_on_ray_cuts_a_small_catalogue_into_several_parts():
-    from distributed.embed import RAY_PARTS, ray_part_size
-    from index.embed import DEFAULT_PART_SIZE
+def test_embed_cuts_a_small_catalogue_into_several_parts():
+    from index.embed import DEFAULT_PARTS, MAX_PART_SIZE, default_part_size
 
-    # with the single-process default every catalogue below 50,000 was one part, and
-    # `embed --ray` showed 0 until it ended
-    assert ray_part_size(300) == 100  # 3 parts
-    assert ray_part_size(10_000) == 625  # RAY_PARTS parts
-    assert 10_000 / ray_part_size(10_000) == RAY_PARTS
-    assert ray_part_size(10_000_000) == DEFAULT_PART_SIZE
+    # with one fixed size of 50,000 every catalogue below it was one part: `embed --ray`
+    # showed 0 until it ended, and a Ctrl-C of the local embed kept nothing
+    assert default_part_size(300) == 100  # 3 parts
+    assert default_part_size(10_000) == 625  # DEFAULT_PARTS parts
+    assert 10_000 / default_part_size(10_000) == DEFAULT_PARTS
+    assert default_part_size(10_000_000) == MAX_PART_SIZE

@@ -78,7 +78,7 @@ without one is a StoreError.
 """
 
 from .core import AUTO_COMPACT_FRACTION, IndexStore
-from .errors import DamagedIndexError, KeyExistsError, StoreError
+from .errors import DamagedIndexError, FolderNotEmptyError, KeyExistsError, StoreError
 from .items import Hit, ItemRecord
 from .journal import JournalWriteError
 from .upgrade import upgrade
@@ -87,6 +87,7 @@ from .vectors import new_faiss_index, suggest_factory
 __all__ = [
     "AUTO_COMPACT_FRACTION",
     "DamagedIndexError",
+    "FolderNotEmptyError",
     "Hit",
     "IndexStore",
     "ItemRecord",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from pathlib import Path
 
 
 class StoreError(RuntimeError):
@@ -45,6 +47,23 @@ def faiss_reason(exc: BaseException) -> str:
     if asserted:
         text = asserted.group(1)
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+class FolderNotEmptyError(StoreError):
+    """A new store was asked for in a folder that holds other files (`held`, by name)."""
+
+    def __init__(self, directory: Path, held: Sequence[str]) -> None:
+        self.directory, self.held = directory, list(held)
+        super().__init__(
+            f"{directory} is not empty (it holds {held_names(self.held)}); "
+            "pass overwrite=True to replace it"
+        )
+
+
+def held_names(names: Sequence[str], most: int = 3) -> str:
+    """`names` for a message: the first `most` of them, then how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 class DamagedIndexError(StoreError):

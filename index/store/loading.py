@@ -7,6 +7,7 @@ store class keeps to what a store does once open.
 
 from __future__ import annotations
 
+import filecmp
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from ..model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
-from .errors import StoreError
+from .errors import FolderNotEmptyError, StoreError
 from .fields import FieldSelection, check_field_paths
-from .journal import JOURNAL_FILE, Journal, JournalOwner
+from .journal import JOURNAL_FILE, JOURNAL_LOCK_FILE, Journal, JournalOwner
 from .journal_repair import row_problem, unappliable_row
 from .leases import Lease
 from .legacy import legacy_message, open_legacy
@@ -212,8 +213,10 @@ def create_store(
         raise StoreError(f"dim must be a positive integer, got {dim!r}")
     if directory.exists() and not directory.is_dir():
         raise StoreError(f"{directory} exists and is not a folder")
-    if directory.is_dir() and any(directory.iterdir()) and not overwrite:
-        raise StoreError(f"{directory} is not empty; pass overwrite=True to replace it")
+    if directory.is_dir() and not overwrite:
+        held = files_in_the_way(directory, model_path)
+        if held:
+            raise FolderNotEmptyError(directory, held)
     source = None
     if model_path is not None:
         source, fingerprint = check_model(Path(model_path), fingerprint, dim)
@@ -240,6 +243,31 @@ def create_store(
         store._journal = Journal.open_existing(directory, dim)
         store._journal_seq = store._journal.last_seq() if store._journal else 0
     return store
+
+
+def files_in_the_way(directory: Path, model_path: Path | None) -> list[str]:
+    """The names in `directory` that keep a new store out of it: everything when it
+    holds a manifest (a committed index, or a damaged one), else all but what the
+    store itself leaves from a first save that never committed (a Ctrl-C, a kill):
+    its empty lock files, the files a save writes before its commit and temporary
+    files, and a `model.onnx` equal to the model this store copies in. The save
+    replaces those, and removes the rest once it commits; a re-run of the stopped
+    command then works."""
+    names = sorted(entry.name for entry in directory.iterdir())
+    if mf.MANIFEST in names:
+        return names
+    return [name for name in names if not _first_save_leftover(directory / name, model_path)]
+
+
+def _first_save_leftover(path: Path, model_path: Path | None) -> bool:
+    if not path.is_file() or path.is_symlink():
+        return False
+    if path.name in (mf.LOCK_FILE, JOURNAL_LOCK_FILE):
+        return path.stat().st_size == 0  # the store never writes into its locks
+    if path.name == mf.MODEL_COPY_FILE:
+        source = Path(model_path) if model_path is not None else None
+        return bool(source and source.is_file() and filecmp.cmp(path, source, shallow=False))
+    return mf.is_save_debris(path.name)
 
 
 def open_store(

@@ -43,11 +43,16 @@ later): short enough that a server's shutdown stays within its grace period."""
 _LOCK_POLL_S = 0.05
 _CHUNK = 1 << 20
 
+# What a save writes before its commit, but `model.onnx` (the name a user's own model
+# may have): what an interrupted first save can leave in a folder with no manifest.
+_SAVE_FILE = re.compile(
+    r"model\.\d+\.onnx|quantizer\.\d+\.faiss"
+    r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|del\.\d+\.npy|dba\.faiss|dba\.npy)"
+)
 # Every name the store ever writes; only these are checked, read or cleaned up, so
 # anything else a user keeps in the folder is left alone.
 _STORE_FILE = re.compile(
-    r"(index\.\d+\.faiss|items\.\d+\.sqlite|model(\.\d+)?\.onnx|quantizer\.\d+\.faiss"
-    r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|del\.\d+\.npy|dba\.faiss|dba\.npy))"
+    r"(index\.\d+\.faiss|items\.\d+\.sqlite|model\.onnx|" + _SAVE_FILE.pattern + ")"
 )
 _TEMP_FILE = re.compile(r"\.(manifest\.json|" + _STORE_FILE.pattern + r")\..+\.tmp")
 
@@ -497,6 +502,12 @@ def verify_file(
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
     _check_size_and_sum(path, expected, actual)
     return path
+
+
+def is_save_debris(name: str) -> bool:
+    """Whether `name` is a file a save writes before its commit (the model copy
+    `model.onnx` aside) or the temporary file of any store write."""
+    return bool(_SAVE_FILE.fullmatch(name) or _TEMP_FILE.fullmatch(name))
 
 
 def remove_stale(directory: Path, keep: set[str]) -> list[str]:
