@@ -110,7 +110,9 @@ async def thumbnail(
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")
     if record.path is None:
         raise ApiError(404, "no_image", f"item {key!r} was added without an image")
-    data = await asyncio.to_thread(_thumbnail, Path(record.path), size, state.settings.max_pixels)
+    data = await asyncio.to_thread(
+        thumbnail_jpeg, Path(record.path), size, state.settings.max_pixels
+    )
     if data is None:
         raise ApiError(404, "no_image", f"the image of item {key!r} is not readable here")
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
@@ -168,7 +170,7 @@ def _store_error(exc: StoreError | OSError, key: str) -> ApiError:
     return store_error(exc, 409, "index_refused")  # e.g. an IVF index not trained yet
 
 
-def _thumbnail(path: Path, size: int, max_pixels: int) -> bytes | None:
+def thumbnail_jpeg(path: Path, size: int, max_pixels: int) -> bytes | None:
     """The item's image (a path recorded at indexing time, relative to the working
     folder or absolute) as a JPEG no larger than size x size; None if unreadable."""
     try:
