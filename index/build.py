@@ -48,6 +48,7 @@ class BuildReport:
     total: int = 0
     indexed: int = 0
     already_present: int = 0
+    changed: int = 0  # already present, with another label or metadata in the input
     failed: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     images_per_s: float = 0.0
@@ -56,11 +57,17 @@ class BuildReport:
     def summary(self, out: Path) -> str:
         failed = len(self.failed)
         notes = f", {self.already_present} already present" if self.already_present else ""
+        if self.changed:
+            notes += (
+                f" ({self.changed} with another label or metadata here: the index keeps its "
+                "own; remove those keys and build again to take these)"
+            )
         notes += f", {failed} unreadable skipped (see {out / REPORT_FILE})" if failed else ""
         finished = self.total and self.already_present == self.total
+        rate = f" ({self.images_per_s:.0f} img/s)" if self.indexed else ""
         return ("already finished, nothing to do: " if finished else "") + (
-            f"indexed {self.indexed} of {self.total} images{notes} in {self.seconds:.1f}s "
-            f"({self.images_per_s:.0f} img/s); {out} holds {self.index_size} items"
+            f"indexed {self.indexed} of {self.total} images{notes} in {self.seconds:.1f}s"
+            f"{rate}; {out} holds {self.index_size} items"
         )
 
 
@@ -114,6 +121,13 @@ def build_index(
     report = BuildReport(total=len(items))
     todo = [item for item in items if item.key not in store]
     report.already_present = len(items) - len(todo)
+    present = [item for item in items if item.key in store] if report.already_present else []
+    report.changed = count_changed(
+        store,
+        [item.key for item in present],
+        [item.label for item in present],
+        [item.metadata for item in present],
+    )
     check_new_keys(item.key for item in todo)  # before anything is embedded or saved
 
     def good_items(result: EmbedResult) -> list[Item]:
@@ -224,6 +238,13 @@ def build_from_embeddings(
             new = [i for i, key in enumerate(batch.keys) if key not in store] if resuming else None
             if new is not None and len(new) < len(batch.keys):
                 report.already_present += len(batch.keys) - len(new)
+                old = sorted(set(range(len(batch.keys))) - set(new))
+                report.changed += count_changed(
+                    store,
+                    [batch.keys[i] for i in old],
+                    [batch.labels[i] for i in old],
+                    [batch.metadata[i] for i in old],
+                )
                 batch, ids = _rows(batch, new), ids[new]
             if batch.keys:
                 store.add(
@@ -247,6 +268,22 @@ def build_from_embeddings(
     report.index_size = len(store)
     atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
     return report
+
+
+def count_changed(
+    store: IndexStore | ShardedStore,
+    keys: Sequence[str],
+    labels: Sequence[str | None],
+    metadata: Sequence[dict | None],
+) -> int:
+    """How many of `keys`, already in `store`, come with another label or metadata than
+    the index holds: a build skips present keys, so a list edited since says so."""
+    changed = 0
+    for key, label, meta in zip(keys, labels, metadata, strict=True):
+        record = store.get(key)
+        if record is not None and (record.label != label or record.metadata != (meta or {})):
+            changed += 1
+    return changed
 
 
 def check_writable(out: Path) -> None:

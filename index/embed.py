@@ -86,11 +86,13 @@ class EmbedReport:
             notes += f", {self.rows_done_before} in {self.parts_done_before} part(s) already done"
         if self.unreadable:
             notes += f", {self.unreadable} unreadable skipped (see {out / ERRORS_FILE})"
-        rate = self.embedded / self.seconds if self.seconds else 0.0
+        rate = (
+            f" ({self.embedded / self.seconds:.0f} img/s)" if self.embedded and self.seconds else ""
+        )
         finished = self.parts and self.parts_done_before == self.parts
         return ("already finished, nothing to do: " if finished else "") + (
-            f"embedded {self.embedded} of {self.inputs} images{notes} in {self.seconds:.1f}s "
-            f"({rate:.0f} img/s); {out} holds {self.count} embeddings in {self.parts} part(s)"
+            f"embedded {self.embedded} of {self.inputs} images{notes} in {self.seconds:.1f}s"
+            f"{rate}; {out} holds {self.count} embeddings in {self.parts} part(s)"
         )
 
 

@@ -146,3 +146,26 @@ def test_a_misspelt_filter_key_says_so(tmp_path, capsys, listed, tiny_onnx):
         capsys, "search", index, listed / "0.png", "--json", "--filter", json.dumps(absent)
     )
     assert code == 0 and json.loads(out)[0]["hits"] == [] and err == ""
+
+
+def test_rebuilding_with_edited_metadata_says_the_index_keeps_its_own(
+    tmp_path, capsys, listed, tiny_onnx
+):
+    index = tmp_path / "index"
+    build = ("build", "--model", tiny_onnx, "--out", index, "--images")
+    code, _, err = run(capsys, *build, listed / "list.csv")
+    assert code == 0, err
+    # the same list, k0's colour edited (paths made absolute: the copy lives elsewhere)
+    header, *rows = (listed / "list.csv").read_text(encoding="utf-8").splitlines()
+    rows[0] = rows[0].replace("red", "green")
+    edited = tmp_path / "edited.csv"
+    edited.write_text(
+        "\n".join([header, *(f"{listed}/{row}" for row in rows)]) + "\n", encoding="utf-8"
+    )
+    code, out, err = run(capsys, *build, edited)
+    assert code == 0, err
+    assert out.startswith("already finished, nothing to do: indexed 0 of 8 images, 8 already")
+    assert "(1 with another label or metadata here: the index keeps its own;" in out
+    assert "img/s" not in out  # nothing was indexed: no rate
+    red = {"must": [{"key": "colour", "match": "red"}]}
+    assert "k0" in [hit["key"] for hit in _hits(capsys, index, listed / "0.png", red)]
