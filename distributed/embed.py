@@ -247,6 +247,8 @@ def _run(
             job.commit(number, int(row["rows"][0]), json.loads(row["failed"][0]))
             start, stop = job.ranges[number]
             bar.update(stop - start)
+    except KeyboardInterrupt:
+        raise job.stopped() from None  # the committed parts are kept; the stop line says so
     finally:
         bar.close()
         for actor in actors:

@@ -54,7 +54,8 @@ class BuildReport:
     images_per_s: float = 0.0
     index_size: int = 0
 
-    def summary(self, out: Path) -> str:
+    def summary(self, out: Path, unit: str = "images", origin: str = "") -> str:
+        """The command's last line; `unit`: images or embeddings, `origin`: " from X"."""
         failed = len(self.failed)
         notes = f", {self.already_present} already present" if self.already_present else ""
         if self.changed:
@@ -64,9 +65,10 @@ class BuildReport:
             )
         notes += f", {failed} unreadable skipped (see {out / REPORT_FILE})" if failed else ""
         finished = self.total and self.already_present == self.total
-        rate = f" ({self.images_per_s:.0f} img/s)" if self.indexed else ""
+        per_s = "img/s" if unit == "images" else "vectors/s"
+        rate = f" ({self.images_per_s:.0f} {per_s})" if self.indexed else ""
         return ("already finished, nothing to do: " if finished else "") + (
-            f"indexed {self.indexed} of {self.total} images{notes} in {self.seconds:.1f}s"
+            f"indexed {self.indexed} of {self.total} {unit}{origin}{notes} in {self.seconds:.1f}s"
             f"{rate}; {out} holds {self.index_size} items"
         )
 
@@ -223,12 +225,13 @@ def build_from_embeddings(
     if folder.count and store.needs_training():
         store.train(folder.sample(training_sample_size(store.factory), batch_size))
     resuming = len(store) > 0
+    before = len(store)
     since_save = 0
     row = 0  # rows of the folder read before this batch
     bar = progress_bar(folder.count, "vectors", "adding", enabled=progress)
     try:
         for batch in folder.iter_batches(batch_size):
-            bar.update(len(batch.keys))
+            read = len(batch.keys)
             ids = np.arange(row, row + len(batch.keys), dtype=np.int64)
             row += len(batch.keys)
             if keep is not None:
@@ -260,6 +263,12 @@ def build_from_embeddings(
             if since_save >= save_every:
                 store.save()
                 since_save = 0
+            bar.update(read)  # after the add: the bar never shows rows a stop would lose
+    except KeyboardInterrupt:
+        store.save()  # Ctrl-C: keep every vector added so far; a re-run skips them
+        raise Stopped(
+            f"{len(store) - before} new vector(s) saved, {out} holds {len(store)} items"
+        ) from None
     finally:
         bar.close()
     store.save()

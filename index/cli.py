@@ -145,14 +145,7 @@ def _build_embeddings(args: argparse.Namespace) -> int:
         )
     save_every = 1_000_000 if args.save_every is None else args.save_every
     report = build_from_embeddings(folder, out, store, save_every=max(1, save_every))
-    present = f", {report.already_present} already present" if report.already_present else ""
-    finished = report.total and report.already_present == report.total
-    print(
-        ("already finished, nothing to do: " if finished else "")
-        + f"indexed {report.indexed} of {report.total} embeddings from {folder.folder}{present} "
-        f"in {report.seconds:.1f}s ({report.images_per_s:.0f} vectors/s); {out} holds "
-        f"{report.index_size} items"
-    )
+    print(report.summary(out, "embeddings", f" from {folder.folder}"))
     return 0
 
 

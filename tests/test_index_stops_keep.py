@@ -139,3 +139,36 @@ def test_only_a_first_saves_leftovers_count_as_empty(tmp_path, capsys, tiny_onnx
     code, _, err = run(capsys, "build", "--model", tiny_onnx, "--images", images, "--out", folder)
     assert code == 2 and "is not empty and holds no index" in err, err
     assert "build into a new or empty folder" in err and "overwrite=True" not in err
+
+
+def test_build_from_embeddings_stopped_keeps_and_says_what_it_added(
+    tmp_path, capsys, monkeypatch, images, tiny_onnx
+):
+    from index.build import build_from_embeddings
+    from index.embeddings import EmbeddingsFolder
+    from index.stopping import Stopped
+
+    folder = tmp_path / "emb"
+    code, _, err = run(capsys, "embed", "--model", tiny_onnx, "--images", images, "--out", folder)
+    assert code == 0, err
+    out = tmp_path / "index"
+    store = IndexStore.create(out, dim=Embedder(tiny_onnx).dim, model_path=tiny_onnx)
+    calls = [0]
+    add = IndexStore.add
+
+    def add_then_ctrl_c(self, *args, **kwargs):  # the third batch of 100 meets a Ctrl-C
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(IndexStore, "add", add_then_ctrl_c)
+    with pytest.raises(Stopped, match=f"200 new vector\\(s\\) saved, {re.escape(str(out))} holds"):
+        build_from_embeddings(EmbeddingsFolder.open(folder), out, store, batch_size=100)
+    store.close()
+    monkeypatch.undo()
+    assert len(IndexStore.open(out)) == 200  # saved: the re-run skips them
+    code, said, err = run(capsys, "build", "--embeddings", folder, "--out", out)
+    assert code == 0, err
+    assert "indexed 200 of 400 embeddings from" in said and "200 already present" in said
+    assert f"{out} holds 400 items" in said
