@@ -78,6 +78,28 @@ def test_fit_says_what_it_prepares_times_its_epochs_and_knows_when_it_is_done(tm
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == files
 
 
+def test_a_recipe_says_what_it_prepares_before_the_trainer_loads(tmp_path, capsys, monkeypatch):
+    import sys
+    import types
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("stages:\n  - {name: head}\n  - {name: full}\n")
+    seen_when_loaded: list[str] = []
+
+    def fit(cfg):  # what the trainer module is asked for, once it is imported
+        seen_when_loaded.append(capsys.readouterr().out)
+        raise SystemExit(0)
+
+    monkeypatch.setitem(sys.modules, "training.trainer", types.SimpleNamespace(fit=fit))
+    with pytest.raises(SystemExit):
+        main(["fit", "--recipe", str(recipe), "--out", str(tmp_path / "run")])
+    first = seen_when_loaded[0].splitlines()[0]
+    assert (
+        first
+        == f"fit: recipe {recipe}, stages head, full into {tmp_path / 'run'}: loading torch ..."
+    )
+
+
 def test_list_backbones_starts_with_the_presets(capsys):
     assert main(["fit", "--list-backbones"]) == 0
     lines = capsys.readouterr().out.splitlines()

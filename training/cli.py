@@ -67,9 +67,7 @@ def _fit(args: argparse.Namespace) -> int:
         print(backbone_listing())
         return 0
     if args.recipe:
-        from .trainer import fit
-
-        return _fit_recipe(args, fit)
+        return _fit_recipe(args)
     if args.resume:
         cfg = _resumed_config(args, FitConfig, CONFIG_FILE)
         if cfg.method == "metric" and _already_finished(cfg, None):
@@ -171,7 +169,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fit_recipe(args: argparse.Namespace, fit) -> int:
+def _fit_recipe(args: argparse.Namespace) -> int:
     """Run the stages of a recipe file in order, each initialised from the one before."""
     from .run_folder import TrainingError
 
@@ -180,6 +178,11 @@ def _fit_recipe(args: argparse.Namespace, fit) -> int:
         raise ConfigError("--recipe needs --out RUN (each stage writes RUN/<stage name>)")
     flags = {k: v for k, v in vars(args).items() if k in FIT_FIELDS and v is not None}
     previous = flags.pop("init", None)
+    names = ", ".join(str(stage["name"]) for stage in recipe["stages"])
+    # the first line within seconds: importing the trainer (torch, timm) takes a while
+    print(f"fit: recipe {args.recipe}, stages {names} into {args.out}: loading torch ...")
+    from .trainer import fit
+
     with removed_if_failed(args.out):
         for stage in recipe["stages"]:
             stage = dict(stage)
