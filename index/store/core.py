@@ -40,12 +40,12 @@ from .persist import save as save_store
 from .report import store_info
 from .search import labelled_items, ranked_search
 from .segment import SealedSegment
+from .segment_contract import Segment
 from .vectors import VectorIndex, new_faiss_index
 
 logger = logging.getLogger(__name__)
 
 AUTO_COMPACT_FRACTION = TOMBSTONE_FRACTION  # the public name of the merge policy's rule
-Segment = SealedSegment | MemorySegment
 
 
 class IndexStore:

@@ -21,10 +21,11 @@ from .errors import StoreError
 from .filters import Filter, parse_filter
 from .items import Hit
 from .memory_segment import hit
+from .segment_contract import Segment
 from .vectors import exact_top_k
 
 if TYPE_CHECKING:
-    from .core import IndexStore, Segment
+    from .core import IndexStore
 
 Ranked = list[list[tuple[int, Hit]]]
 
