@@ -45,6 +45,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from .checkpoint import CheckpointError
     from .pooling import PoolingOptionError
     from .registry import UnknownNameError
+    from .threads import ThreadsError
 
     return (
         BackboneError,
@@ -54,6 +55,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         ImageDecodeError,
         ModelMetadataError,
         PoolingOptionError,
+        ThreadsError,
         UnknownNameError,
     )
 

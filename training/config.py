@@ -21,6 +21,7 @@ import yaml
 from index.atomic import atomic_write_text
 
 from .options import LOSSES, POOLINGS, FlagOption, flag_options
+from .threads import MAX_AUTO_THREADS, THREADS_AUTO, normal_threads, resolve_threads
 
 
 class ConfigError(ValueError):
@@ -134,6 +135,16 @@ def decode_cache_option() -> Any:
     )
 
 
+def threads_option() -> Any:
+    """The `--threads` field, the same in every training command's config; resolved()
+    turns `auto` into the count used, which config.yaml records."""
+    return opt(
+        "CPU threads of torch in the training process: auto (a core per --workers process "
+        f"and one spare, the rest for training, 1 to {MAX_AUTO_THREADS}) or a number",
+        THREADS_AUTO,
+    )
+
+
 def decode_cache_dir_option() -> Any:
     """The `--decode-cache-dir` field, the same in every training command's config."""
     return opt(
@@ -217,8 +228,12 @@ class FitConfig:
     )
     decode_cache: str = decode_cache_option()
     decode_cache_dir: str | None = decode_cache_dir_option()
+    threads: str | int = threads_option()
     seed: int = opt("random seed (data order, augmentation, initialisation)", 0)
     eval_batch_size: int = opt("images per step when embedding the held-out split", 256)
+
+    def __post_init__(self) -> None:
+        self.threads = normal_threads(self.threads)
 
     def resolved(self) -> FitConfig:
         """A copy with the derived defaults filled in."""
@@ -243,6 +258,7 @@ class FitConfig:
         if cfg.workers is None:
             # digits live in memory and decode for free; files are worth a worker pool
             cfg.workers = 0 if cfg.dataset == "digits" else default_loader_workers()
+        cfg.threads = resolve_threads(cfg.threads, cfg.workers)
         if cfg.auto_augment in ("", "none"):
             cfg.auto_augment = None
         return cfg

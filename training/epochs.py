@@ -14,6 +14,7 @@ the sums into its metrics row; `Stage.commit` writes the checkpoint and the row 
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +32,9 @@ from .amp import MixedPrecision
 from .interrupt import deferred, loader_batches, stoppable
 from .optim import lr_at
 from .run_folder import TrainingError, append_metrics, save_checkpoint
+from .threads import apply_threads, usable_cores
+
+logger = logging.getLogger("vitrieval.train")
 
 Step = Callable[[Any], tuple[torch.Tensor, int, dict[str, float | None]]]
 """A batch -> (its loss, the number of items it counts for, totals of other values over
@@ -41,8 +45,18 @@ def train_run(cfg: Any, command: str, train: Callable[[Any], dict]) -> dict:
     """`train(cfg)` with `cfg` resolved and validated. Ctrl-C or SIGTERM stops it with the
     data-loader workers shut down and one line naming the checkpoint that `--resume`
     continues from (training/interrupt.py)."""
+    given_threads = cfg.threads
     cfg = cfg.resolved()
     cfg.validate()
+    # before the model and the data exist: torch's thread pools start with the first op
+    apply_threads(cfg.threads)
+    logger.info(
+        "torch threads: %d (--threads %s, %d data-loading workers, %d cores)",
+        cfg.threads,
+        given_threads,
+        cfg.workers,
+        usable_cores(),
+    )
     with stoppable(Path(cfg.out), command):
         return train(cfg)
 

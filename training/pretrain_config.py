@@ -26,6 +26,7 @@ from .config import (
     decode_cache_option,
     default_loader_workers,
     opt,
+    threads_option,
 )
 from .options import (
     NEGATIVES,
@@ -33,6 +34,7 @@ from .options import (
     InfoNCEOptions,
     default_cross_view_negatives,
 )
+from .threads import normal_threads, resolve_threads
 
 PRETRAIN_METHODS = ("densecl++", "simclr", "densecl")
 DENSE_WEIGHT = {"densecl++": 0.9, "densecl": 0.3, "simclr": 0.0}
@@ -97,7 +99,11 @@ class PretrainConfig:
     workers: int | None = opt(f"data-loading processes (default: up to {MAX_LOADER_WORKERS})")
     decode_cache: str = decode_cache_option()
     decode_cache_dir: str | None = decode_cache_dir_option()
+    threads: str | int = threads_option()
     seed: int = opt("random seed (data order, augmentation, negatives, initialisation)", 0)
+
+    def __post_init__(self) -> None:
+        self.threads = normal_threads(self.threads)
 
     def resolved(self) -> PretrainConfig:
         """A copy with the per-method defaults filled in."""
@@ -113,6 +119,7 @@ class PretrainConfig:
             cfg.cross_view_negatives = default_cross_view_negatives(cfg.negatives)
         if cfg.workers is None:
             cfg.workers = default_loader_workers()
+        cfg.threads = resolve_threads(cfg.threads, cfg.workers)
         return cfg
 
     def validate(self) -> None:
@@ -186,6 +193,7 @@ class PretrainConfig:
             device=self.device,
             amp=self.amp,
             workers=self.workers,
+            threads=self.threads,
             seed=self.seed,
         )
 
