@@ -12,11 +12,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cli_common import add_runtime_options, embedder_from_args, open_index_with_model
 from .fusion import FUSIONS
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+
+if TYPE_CHECKING:
+    from .filters import Filter
 
 NEAREST_FOR_KEYS = 100
 """Items a filter that matched nothing has its keys looked for in (the first query's
@@ -68,9 +71,10 @@ def add_search_command(sub: argparse._SubParsersAction) -> None:
     search.set_defaults(handler=search_command)
 
 
-def read_filter(text: str | None) -> dict[str, Any] | None:
-    """--filter's JSON text (or @FILE's), checked against the filter language: a bad
-    one is a FilterError (a StoreError) or ValueError naming the problem."""
+def read_filter(text: str | None) -> Filter | None:
+    """--filter's JSON text (or @FILE's), parsed into the filter language's `Filter`
+    (what the search takes): a bad one is a FilterError (a StoreError) or ValueError
+    naming the problem."""
     from .filters import parse_filter
 
     if text is None:
@@ -83,8 +87,7 @@ def read_filter(text: str | None) -> dict[str, Any] | None:
         raw = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"{where} is not valid JSON ({exc})") from None
-    parse_filter(raw)
-    return raw
+    return parse_filter(raw)
 
 
 def _rerank(args: argparse.Namespace):
@@ -100,15 +103,14 @@ def _rerank(args: argparse.Namespace):
     return AQE(n, alpha)  # ValueError: out of range
 
 
-def missing_filter_keys(store: Any, query: Any, raw_filter: dict[str, Any]) -> str | None:
+def missing_filter_keys(store: Any, query: Any, flt: Filter) -> str | None:
     """A note when a filter that matched nothing names metadata keys that none of the
     query's NEAREST_FOR_KEYS nearest items has (None when every key was seen)."""
-    from .filters import parse_filter
     from .query import search_store
     from .store.fields import flatten
     from .store.filters import field_values
 
-    fields = {leaf.field for leaf in parse_filter(raw_filter).leaves() if not leaf.field.label}
+    fields = {leaf.field for leaf in flt.leaves() if not leaf.field.label}
     nearest = [hit for _, hit in search_store(store, query[None], NEAREST_FOR_KEYS)[0]]
     missing = sorted(
         field.name

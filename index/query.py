@@ -1,10 +1,10 @@
 """One query after embedding: alpha-QE re-ranking and several query images as one.
 
 The steps between the embeddings and the hits, written once for every caller: the HTTP
-service awaits them over its index access (`service.index_access`, in this process or
-across a Ray cluster), `vitrieval-index search` over an opened store
-(`StoreSearcher`). Both give a `Searcher`: a ranked search and a batched read of
-stored vectors.
+service awaits them over its `index.contract.Index` (in this process or across a Ray
+cluster), `vitrieval-index search` over an opened store (`search_store`, through the
+same `LocalIndex` the service uses): a ranked search and a batched read of stored
+vectors.
 
 - `search`: each query row its own query; with `AQE`, every query first searches its
   top n (with the same label, filter and exclusions), is replaced by its alpha-QE
@@ -18,21 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from .contract import Index, LocalIndex, Query, Ranked, Where
 from .fusion import DEFAULT_FUSION, FUSIONS, Fusion, FusionError, fuse_mean, merge_max
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, expand_queries
 from .store import Hit
 
+__all__ = ["AQE", "Where", "search", "search_fused", "search_store", "search_store_fused"]
+
 MAX_AQE_NEIGHBOURS = 100
 """The most neighbours alpha-QE may read per query (their vectors are fetched)."""
 MAX_AQE_ALPHA = 64.0
-
-Ranked = list[list[tuple[int, Hit]]]
 
 
 @dataclass(frozen=True)
@@ -55,47 +55,8 @@ class AQE:
             raise ValueError(f"alpha-QE alpha must be from 0 to {MAX_AQE_ALPHA:g}, got {a!r}")
 
 
-class Searcher(Protocol):
-    """What a query needs of an index (the meaning of `IndexStore`'s methods)."""
-
-    async def ranked_search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None,
-        exclude_keys: Sequence[str],
-        filter: Mapping[str, Any] | None,
-        augmented: bool = False,
-    ) -> Ranked: ...
-
-    async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
-        """The stored vectors of `keys`, None for a key no longer there."""
-        ...
-
-
-@dataclass(frozen=True)
-class Where:
-    """Which items a query may find (a label, a filter as decoded JSON, keys left out),
-    and which of their vectors it ranks against: `augmented`, the index's DBA vectors
-    (index/store/augment.py)."""
-
-    label: str | None = None
-    exclude_keys: Sequence[str] = ()
-    filter: Mapping[str, Any] | None = None
-    augmented: bool = False
-
-    def options(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "exclude_keys": list(self.exclude_keys),
-            "filter": self.filter,
-            "augmented": self.augmented,
-        }
-
-
 async def search(
-    searcher: Searcher,
+    index: Index,
     queries: np.ndarray,
     k: int,
     *,
@@ -104,19 +65,20 @@ async def search(
 ) -> Ranked:
     """Each row of float32 (q, d) `queries` searched for its top k, as ranked hits;
     with `rerank`, alpha-QE first (module docstring)."""
-    q = np.asarray(queries, dtype=np.float32)
-    where = where or Where()
+    query = Query(np.asarray(queries, dtype=np.float32), k, where or Where())
     if rerank is not None:
-        q = await expand(searcher, q, rerank, where)
-    return await searcher.ranked_search(q, k, **where.options())
+        query = query.replace(vectors=await expand(index, query, rerank))
+    return await index.ranked_search(query)
 
 
-async def expand(searcher: Searcher, queries: np.ndarray, aqe: AQE, where: Where) -> np.ndarray:
-    """alpha-QE: each query's top n hits (as `where` allows) and their stored vectors ->
-    the expanded (q, d) queries. A query with fewer hits expands with those it has."""
-    rows = await searcher.ranked_search(queries, aqe.neighbours, **where.options())
+async def expand(index: Index, query: Query, aqe: AQE) -> np.ndarray:
+    """alpha-QE: each query's top n hits (as `query.where` allows) and their stored
+    vectors -> the expanded float32 (q, d) queries. A query with fewer hits expands
+    with those it has."""
+    queries = query.vectors
+    rows = await index.ranked_search(query.replace(k=aqe.neighbours))
     keys = list(dict.fromkeys(hit.key for row in rows for _, hit in row))
-    stored = dict(zip(keys, await searcher.vectors(keys) if keys else [], strict=True))
+    stored = dict(zip(keys, await index.vectors(keys) if keys else [], strict=True))
     n, d = aqe.neighbours, queries.shape[1]
     neighbours = np.zeros((len(queries), n, d), dtype=np.float32)
     scores = np.zeros((len(queries), n), dtype=np.float32)
@@ -130,7 +92,7 @@ async def expand(searcher: Searcher, queries: np.ndarray, aqe: AQE, where: Where
 
 
 async def search_fused(
-    searcher: Searcher,
+    index: Index,
     vectors: np.ndarray,
     k: int,
     *,
@@ -146,33 +108,8 @@ async def search_fused(
     x = np.asarray(vectors, dtype=np.float32)
     if len(x) > 1 and fusion == "mean":
         x = fuse_mean(x)[None, :]
-    rows = await search(searcher, x, k, where=where, rerank=rerank)
+    rows = await search(index, x, k, where=where, rerank=rerank)
     return rows[0] if len(rows) == 1 else merge_max(rows, k)
-
-
-class StoreSearcher:
-    """A `Searcher` over an opened `IndexStore` or `ShardedStore` (its calls block, in
-    the caller's thread): what `search_store` and `search_store_fused` run on."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    async def ranked_search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None,
-        exclude_keys: Sequence[str],
-        filter: Mapping[str, Any] | None,
-        augmented: bool = False,
-    ) -> Ranked:
-        return self.store.ranked_search(
-            queries, k, label=label, exclude_keys=exclude_keys, filter=filter, augmented=augmented
-        )
-
-    async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
-        return stored_vectors(self.store, keys)
 
 
 def search_store(
@@ -184,7 +121,7 @@ def search_store(
     rerank: AQE | None = None,
 ) -> Ranked:
     """`search` on an opened store, for synchronous callers (the command line)."""
-    return asyncio.run(search(StoreSearcher(store), queries, k, where=where, rerank=rerank))
+    return asyncio.run(search(LocalIndex(store), queries, k, where=where, rerank=rerank))
 
 
 def search_store_fused(
@@ -198,11 +135,5 @@ def search_store_fused(
 ) -> list[tuple[int, Hit]]:
     """`search_fused` on an opened store, for synchronous callers."""
     return asyncio.run(
-        search_fused(StoreSearcher(store), vectors, k, fusion=fusion, where=where, rerank=rerank)
+        search_fused(LocalIndex(store), vectors, k, fusion=fusion, where=where, rerank=rerank)
     )
-
-
-def stored_vectors(store: Any, keys: Sequence[str]) -> list[np.ndarray | None]:
-    """The stored vectors of `keys` in one store (None: not there)."""
-    records = [store.get(key) for key in keys]
-    return [None if r is None else r.vector for r in records]

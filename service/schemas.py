@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from index.filters import FilterError, find_outside_int64, int64_message, parse_filter
+from index.filters import Filter, FilterError, find_outside_int64, int64_message, parse_filter
 from index.fusion import DEFAULT_FUSION, Fusion
 from index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
@@ -41,14 +41,14 @@ LookupKey = Annotated[str, AfterValidator(checked_lookup_key)]
 Label = Annotated[str, Field(max_length=MAX_LABEL_LENGTH), AfterValidator(checked_label)]
 
 
-def _checked_filter(value: dict[str, Any]) -> dict[str, Any]:
-    """A metadata filter, checked against the language (index/filters.py) and kept as
-    the decoded JSON (what the store, or a shard in another process, is given)."""
+def _parsed_filter(value: dict[str, Any]) -> Filter:
+    """A metadata filter (JSON, checked against the language of index/filters.py)
+    parsed here, once: the typed `Filter` is what travels to the store and to every
+    shard. The schema still shows the JSON object (the annotation's type)."""
     try:
-        parse_filter(value)
+        return parse_filter(value)
     except FilterError as exc:
         raise ValueError(str(exc)) from None
-    return value
 
 
 FILTER_DESCRIPTION = (
@@ -60,7 +60,7 @@ FILTER_DESCRIPTION = (
 FILTER_EXAMPLE = {"must": [{"key": "label", "match": {"any": ["1", "7"]}}]}
 MetadataFilter = Annotated[
     dict[str, Any],
-    AfterValidator(_checked_filter),
+    AfterValidator(_parsed_filter),
     Field(description=FILTER_DESCRIPTION, examples=[FILTER_EXAMPLE]),
 ]
 

@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from index.atomic import atomic_write_bytes, fsync_dir
+from index.contract import Index, LocalIndex
 from index.embedder import CPU, Embedder, ort_cpu_reason, select_providers
 from index.follow import CommitFollower
 from index.gpu_notice import claim_cpu_only, log_cpu_only
@@ -28,7 +29,6 @@ from index.unit_vectors import unit_rows
 
 from .batching import DynamicBatcher
 from .errors import ApiError, image_error
-from .index_access import IndexAccess, LocalIndex
 from .inputs import ImageUpload
 from .layout import model_layout
 from .metrics import ServiceMetrics
@@ -63,7 +63,7 @@ class Timings:
 @dataclass
 class ServiceState:
     """The model and index loaded in this process. The routes reach the index through
-    `index` (service.index_access) and embed through `embed_bytes` / `embed_upload`; the
+    `index` (index.contract.Index) and embed through `embed_bytes` / `embed_upload`; the
     Ray Serve ingress (distributed.serve) gives them an object with the same surface
     whose index and model live in other processes."""
 
@@ -81,7 +81,7 @@ class ServiceState:
     # read-only: follows a writer's commits (`store` is then the first one opened)
     follower: CommitFollower | None = None
     checkpoints: CheckpointStatus = field(default_factory=CheckpointStatus)
-    index: IndexAccess = field(init=False)
+    index: Index = field(init=False)
 
     def __post_init__(self) -> None:
         self.index = LocalIndex(self.store, self.follower)

@@ -4,12 +4,12 @@ model and index are the embedder and shard deployments.
 `IngressState` has the surface the routes use on `ServiceState` (settings, metrics,
 `index`, `embed_upload`, `check_vector`, the model's description, readiness), so the
 routes, middleware and error handlers are the single-process server's own. Its
-`RemoteIndex` fans a search out to every shard and merges the top k with
-`index.shards.merge_ranked` (a metadata filter, as decoded JSON, goes to every shard
-with the search); a lookup goes to the shard that owns the key
-(`index.shards.shard_of`). A mutation goes to the owning shard's writer replica; the
-ingress (one replica) numbers the items of a sharded index across its shards, as
-`ShardedStore.add` does, so equal scores keep ordering as in one store.
+`RemoteIndex` is the `index.contract.Index` over the shard deployments, routed as
+`ShardedStore` routes (index/shards/routing.py): a search goes to every shard as a
+`Query` (its filter parsed once, at the HTTP edge, and pickled parsed) and their top
+k are merged; a lookup goes to the shard that owns the key. A mutation goes to the
+owning shard's writer replica; the ingress (one replica) numbers the items of a
+sharded index across its shards, so equal scores keep ordering as in one store.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,10 +30,13 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from index.shards import is_sharded, merge_ranked, shard_of
+from index.contract import Query, Ranked
+from index.shards import is_sharded, shard_of
 from index.shards.layout import read_shards_manifest, split_by_shard
-from index.shards.store import combine_info, merge_labelled, no_dba_error
-from index.store import Hit, ItemRecord
+from index.shards.routing import in_key_order, merge_labelled, merge_ranked, numbered, shard_queries
+from index.shards.store import combine_info
+from index.store import ItemRecord
+from index.store.filters import Filter
 from service.app import build_app
 from service.errors import ApiError
 from service.inputs import ImageUpload
@@ -68,7 +71,7 @@ async def remote(response: Awaitable[T], what: str) -> T:
 
 
 class RemoteIndex:
-    """`service.index_access.IndexAccess` over the shard deployments."""
+    """`index.contract.Index` over the shard deployments."""
 
     def __init__(self, shards: Sequence[DeploymentHandle], directory: Path, dim: int) -> None:
         self.shards = list(shards)
@@ -92,49 +95,28 @@ class RemoteIndex:
         return await remote(handle.contains.remote(key), what)
 
     async def ranked_search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None,
-        exclude_keys: Sequence[str],
-        filter: Mapping[str, Any] | None = None,
-        augmented: bool = False,
-    ) -> list[list[tuple[int, Hit]]]:
-        if augmented and self.manifest is not None:  # as ShardedStore.ranked_search says
-            raise no_dba_error(self.directory)
-        exclude = list(exclude_keys)
-        excluded = split_by_shard(exclude, len(self.shards))
-        flt = None if filter is None else dict(filter)
+        self, query: Query | np.ndarray, k: int | None = None, **where: Any
+    ) -> Ranked:
+        """Every shard's top k merged into one (the arguments as for
+        `IndexStore.ranked_search`): the shards get the parsed query, pickled."""
+        query = Query.of(query, k, **where)
+        each = shard_queries(query, len(self.shards), self.directory, self.manifest is not None)
         calls = [
-            remote(
-                handle.ranked_search.remote(
-                    queries, k, label, [exclude[i] for i in excluded.get(n, [])], flt, augmented
-                ),
-                f"index shard {n}",
-            )
-            for n, handle in enumerate(self.shards)
+            remote(handle.ranked_search.remote(part), f"index shard {n}")
+            for n, (handle, part) in enumerate(zip(self.shards, each, strict=True))
         ]
-        found = _raise_failure(await asyncio.gather(*calls))
-        return merge_ranked(found, k, len(queries))
+        return merge_ranked(_raise_failure(await asyncio.gather(*calls)), query.k)
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
         keys = list(keys)
         owned = split_by_shard(keys, len(self.shards))
-        shards = list(owned)
         answers = await asyncio.gather(
             *(
-                remote(
-                    self.shards[n].vectors.remote([keys[i] for i in owned[n]]), f"index shard {n}"
-                )
-                for n in shards
+                remote(self.shards[n].vectors.remote([keys[i] for i in at]), f"index shard {n}")
+                for n, at in owned.items()
             )
         )
-        out: list[np.ndarray | None] = [None] * len(keys)
-        for n, found in zip(shards, answers, strict=True):
-            for i, vector in zip(owned[n], found, strict=True):
-                out[i] = vector
-        return out
+        return in_key_order(len(keys), owned, answers)
 
     async def add(
         self,
@@ -157,7 +139,7 @@ class RemoteIndex:
                             *(remote(h.next_id.remote(), "index") for h in self.shards)
                         )
                     )
-                ids = np.arange(self._next_id, self._next_id + len(keys), dtype=np.int64)
+                ids = numbered(self._next_id, len(keys))
             # until the shards answer, the next id is unknown: a shard may have stored
             # its part before a timeout or a failure elsewhere; re-read it from them then
             self._next_id = None
@@ -202,13 +184,12 @@ class RemoteIndex:
         return sum(answers)
 
     async def labelled_items(
-        self, limit: int | None, filter: Mapping[str, Any] | None = None
+        self, limit: int | None, filter: Filter | None = None
     ) -> tuple[list[str], list[str], np.ndarray]:
-        flt = None if filter is None else dict(filter)
         answers = _raise_failure(
             await asyncio.gather(
                 *(
-                    remote(handle.labelled_items.remote(limit, flt), f"index shard {n}")
+                    remote(handle.labelled_items.remote(limit, filter), f"index shard {n}")
                     for n, handle in enumerate(self.shards)
                 )
             )

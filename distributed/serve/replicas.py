@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 from ray import serve
 
+from index.contract import Query, Ranked, stored_vectors
 from index.embedder import Embedder
 from index.follow import FOLLOW_POLL_S, CommitFollower
 from index.images import DecodeBudget
 from index.model_metadata import ModelMetadata
-from index.query import stored_vectors
-from index.store import Hit, IndexStore, ItemRecord, StoreError
+from index.store import IndexStore, ItemRecord, StoreError
+from index.store.filters import Filter
 from service.errors import ApiError
 from service.maintenance import checkpoint_loop, final_save, scrub_loop
 from service.metrics import ServiceMetrics
@@ -221,29 +222,14 @@ class ShardReplica:
             return await asyncio.to_thread(call, self.store)
         return await asyncio.to_thread(self.follower.read, call)
 
-    async def ranked_search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        label: str | None,
-        exclude_keys: list[str],
-        filter: dict[str, Any] | None = None,
-        augmented: bool = False,
-    ) -> list[list[tuple[int, Hit]]] | StoreFailure:
-        """`IndexStore.ranked_search` (`filter` as decoded JSON); a StoreError (a bad
-        filter, say) comes back as a StoreFailure."""
+    async def ranked_search(self, query: Query) -> Ranked | StoreFailure:
+        """`IndexStore.ranked_search` of the ingress's parsed query (its filter is not
+        parsed again); a StoreError comes back as a StoreFailure."""
         self._ensure_background()
 
-        def search(store: IndexStore) -> list[list[tuple[int, Hit]]] | StoreFailure:
+        def search(store: IndexStore) -> Ranked | StoreFailure:
             try:
-                return store.ranked_search(
-                    queries,
-                    k,
-                    label=label,
-                    exclude_keys=exclude_keys,
-                    filter=filter,
-                    augmented=augmented,
-                )
+                return store.ranked_search(query)
             except StoreError as exc:
                 return StoreFailure(exc)
 
@@ -262,10 +248,10 @@ class ShardReplica:
         return await self._read(lambda store: key in store)
 
     async def labelled_items(
-        self, limit: int | None, filter: dict[str, Any] | None = None
+        self, limit: int | None, filter: Filter | None = None
     ) -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]] | StoreFailure:
         """`IndexStore.labelled_items` and the item ids of those keys (what orders the
-        items of several shards, `index.shards.store.merge_labelled`); a StoreError
+        items of several shards, `index.shards.routing.merge_labelled`); a StoreError
         (more than `limit` items) comes back as a StoreFailure."""
 
         def read(store: IndexStore) -> tuple[tuple[list[str], list[str], np.ndarray], dict]:

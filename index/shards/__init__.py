@@ -5,7 +5,8 @@ from an embeddings folder, one process (or remote task) per shard.
 """
 
 from .layout import SHARDS_FILE, is_sharded, shard_name, shard_of
-from .store import ShardedStore, is_index, merge_ranked, open_index
+from .routing import merge_ranked
+from .store import ShardedStore, is_index, open_index
 
 __all__ = [
     "SHARDS_FILE",

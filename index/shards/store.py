@@ -26,6 +26,7 @@ from ..store.errors import DamagedIndexError
 from ..store.fields import FieldSelection
 from ..store.filters import Filter, parse_filter
 from ..store.loading import OTHER_MODEL_ADVICE
+from ..store.request import Query, Ranked
 from .layout import (
     PLAN_FILE,
     RULE,
@@ -37,17 +38,7 @@ from .layout import (
     shard_of,
     split_by_shard,
 )
-
-NO_DBA = (
-    "a sharded index has no DBA vectors: DBA needs every item's neighbours in the whole "
-    "index, which its shards do not see"
-)
-
-
-def no_dba_error(directory: Path) -> StoreError:
-    """What a sharded index answers to a search against DBA vectors (its shards would
-    each blame themselves, naming their folders)."""
-    return StoreError(f"{directory}: {NO_DBA}", public=f"this index is sharded, and {NO_DBA}")
+from .routing import NO_DBA, merge_labelled, merge_ranked, numbered, shard_queries
 
 
 class ShardedStore:
@@ -250,7 +241,7 @@ class ShardedStore:
                         f"{len(present)} key(s) already in the index, e.g. "
                         f"{next(iter(present))!r}; pass replace=True to overwrite them"
                     )
-            ids = np.arange(self._next_id, self._next_id + len(keys), dtype=np.int64)
+            ids = numbered(self._next_id, len(keys))
             for shard, positions in owned.items():
                 self.shards[shard].add(
                     [keys[i] for i in positions],
@@ -285,53 +276,22 @@ class ShardedStore:
     # -- search ------------------------------------------------------------------------
 
     def ranked_search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None = None,
-        exclude_keys: Sequence[str] = (),
-        filter: Filter | Mapping[str, Any] | None = None,
-        augmented: bool = False,
-    ) -> list[list[tuple[int, Hit]]]:
+        self, query: Query | np.ndarray, k: int | None = None, **where: Any
+    ) -> Ranked:
         """Every shard's top k merged into one top k: descending score, equal scores
-        by ascending item id (ids are numbered across the shards)."""
-        if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
-            raise StoreError(f"k must be an integer >= 1, got {k!r}")
-        if augmented:
-            raise no_dba_error(self.directory)
-        q = as_matrix(queries, self.dim, "queries")
-        flt = None if filter is None else parse_filter(filter)  # parsed once for all shards
-        exclude = list(exclude_keys)
-        excluded = split_by_shard(exclude, len(self.shards))
-        found = [
-            shard.ranked_search(
-                q,
-                int(k),
-                label=label,
-                exclude_keys=[exclude[i] for i in excluded.get(n, [])],
-                filter=flt,
-                augmented=augmented,
-            )
-            for n, shard in enumerate(self.shards)
-        ]
-        return merge_ranked(found, int(k), len(q))
+        by ascending item id (ids are numbered across the shards); the arguments as
+        for `IndexStore.ranked_search`, the filter parsed once for all shards."""
+        query = Query.of(query, k, **where)
+        query = query.replace(vectors=as_matrix(query.vectors, self.dim, "queries"))
+        each = shard_queries(query, len(self.shards), self.directory)
+        found = [shard.ranked_search(q) for shard, q in zip(self.shards, each, strict=True)]
+        return merge_ranked(found, query.k)
 
     def search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None = None,
-        exclude_keys: Sequence[str] = (),
-        filter: Filter | Mapping[str, Any] | None = None,
-        augmented: bool = False,
+        self, queries: np.ndarray | Query, k: int | None = None, **where: Any
     ) -> list[list[Hit]]:
         """Top-k items for each query, as `IndexStore.search` ranks them."""
-        found = self.ranked_search(
-            queries, k, label=label, exclude_keys=exclude_keys, filter=filter, augmented=augmented
-        )
-        return [[h for _, h in row] for row in found]
+        return [[h for _, h in row] for row in self.ranked_search(queries, k, **where)]
 
     # -- persistence and upkeep, shard by shard ------------------------------------------
 
@@ -412,27 +372,6 @@ class ShardedStore:
         self.close()
 
 
-def merge_labelled(
-    parts: Sequence[tuple[list[str], list[str], np.ndarray]],
-    ids: Sequence[dict[str, int]],
-    dim: int,
-    limit: int | None = None,
-) -> tuple[list[str], list[str], np.ndarray]:
-    """Each shard's `labelled_items` with the item ids of its keys, as one (keys, labels,
-    vectors) in insertion (id) order, as one store lists them; more than `limit` items
-    in all is a StoreError."""
-    n = sum(len(part[0]) for part in parts)
-    if limit is not None and n > limit:
-        raise StoreError(f"the index holds {n} labelled items, more than the {limit} allowed")
-    order = sorted(
-        (ids[i][key], i, j) for i, part in enumerate(parts) for j, key in enumerate(part[0])
-    )
-    keys = [parts[i][0][j] for _, i, j in order]
-    labels = [parts[i][1][j] for _, i, j in order]
-    vectors = np.stack([parts[i][2][j] for _, i, j in order]) if order else np.empty((0, dim))
-    return keys, labels, vectors.astype(np.float32, copy=False)
-
-
 def combine_info(
     directory: Path, manifest: ShardsManifest, parts: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -472,23 +411,6 @@ def combine_info(
         "created": manifest.created,
         "updated": max(updated) if updated else None,
     }
-
-
-def merge_ranked(
-    per_shard: Sequence[Sequence[Sequence[tuple[int, Hit]]]], k: int, queries: int
-) -> list[list[tuple[int, Hit]]]:
-    """Each shard's ranked top k (per query, `IndexStore.ranked_search`'s answer) merged
-    into one top k per query: descending score, equal scores by ascending item id (ids
-    are numbered across the shards, so this is the order one store would give). Every
-    reader of a sharded index merges with this, in one process or across a cluster."""
-    merged: list[list[tuple[int, Hit]]] = [[] for _ in range(queries)]
-    for found in per_shard:
-        for row, hits in zip(merged, found, strict=True):
-            row.extend(hits)
-    for row in merged:
-        row.sort(key=lambda pair: (-pair[1].score, pair[0]))
-        del row[k:]
-    return merged
 
 
 def is_index(directory: str | os.PathLike[str]) -> bool:

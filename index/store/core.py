@@ -38,6 +38,7 @@ from .merge import TOMBSTONE_FRACTION, pick_merge
 from .persist import merge as merge_segments
 from .persist import save as save_store
 from .report import store_info
+from .request import Query, Ranked
 from .search import labelled_items, ranked_search
 from .segment import SealedSegment
 from .segment_contract import Segment
@@ -437,55 +438,26 @@ class IndexStore:
     # -- search ------------------------------------------------------------------------
 
     def search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None = None,
-        exclude_keys: Sequence[str] = (),
-        filter: Filter | Mapping[str, Any] | None = None,
-        augmented: bool = False,
+        self, queries: np.ndarray | Query, k: int | None = None, **where: Any
     ) -> list[list[Hit]]:
         """Top-k items by inner product for each query of float32 (q, dim) `queries`.
 
         Every segment answers its own top k (search.py); the lists are merged by
         descending score, ties by ascending item id (insertion order), exactly as one
-        index holding every item would rank them. `filter` (the language of
-        filters.py, as decoded JSON or parsed) and `label` keep only the items they
-        allow; `exclude_keys` leaves those items out. `augmented` ranks against the
-        DBA vectors where segments have them (augment.py). A query gets fewer than k
-        hits when fewer items match.
+        index holding every item would rank them. `where` (request.py `Where`):
+        `filter` (the language of filters.py, as decoded JSON or parsed) and `label`
+        keep only the items they allow; `exclude_keys` leaves those items out;
+        `augmented` ranks against the DBA vectors where segments have them
+        (augment.py). Or one `Query` alone. A query gets fewer than k hits when fewer
+        items match.
         """
-        found = self.ranked_search(
-            queries,
-            k,
-            label=label,
-            exclude_keys=exclude_keys,
-            filter=filter,
-            augmented=augmented,
-        )
-        return [[h for _, h in row] for row in found]
+        return [[h for _, h in row] for row in self.ranked_search(queries, k, **where)]
 
     def ranked_search(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        label: str | None = None,
-        exclude_keys: Sequence[str] = (),
-        filter: Filter | Mapping[str, Any] | None = None,
-        augmented: bool = False,
-    ) -> list[list[tuple[int, Hit]]]:
+        self, query: Query | np.ndarray, k: int | None = None, **where: Any
+    ) -> Ranked:
         """`search`, each hit with its item id (what orders equal scores)."""
-        return ranked_search(
-            self,
-            queries,
-            k,
-            label=label,
-            exclude_keys=exclude_keys,
-            filter=filter,
-            augmented=augmented,
-        )
+        return ranked_search(self, Query.of(query, k, **where))
 
     # -- persistence (saving, merging: persist.py) --------------------------------------
 

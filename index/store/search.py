@@ -10,7 +10,7 @@ a widened FAISS search with the filter as an ID selector).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,15 +19,13 @@ from . import filtering
 from .checks import as_matrix
 from .errors import StoreError
 from .filters import Filter, parse_filter
-from .items import Hit
 from .memory_segment import hit
+from .request import Query, Ranked
 from .segment_contract import Segment
 from .vectors import exact_top_k
 
 if TYPE_CHECKING:
     from .core import IndexStore
-
-Ranked = list[list[tuple[int, Hit]]]
 
 
 def as_filter(raw: Filter | Mapping[str, Any] | None, label: str | None) -> Filter | None:
@@ -36,27 +34,18 @@ def as_filter(raw: Filter | Mapping[str, Any] | None, label: str | None) -> Filt
     return filtering.with_label(parsed, label)
 
 
-def ranked_search(
-    store: IndexStore,
-    queries: np.ndarray,
-    k: int,
-    *,
-    label: str | None,
-    exclude_keys: Sequence[str],
-    filter: Filter | Mapping[str, Any] | None,
-    augmented: bool = False,
-) -> Ranked:
-    """`IndexStore.search`, each hit with its item id (what orders equal scores)."""
-    if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
-        raise StoreError(f"k must be an integer >= 1, got {k!r}")
+def ranked_search(store: IndexStore, query: Query) -> Ranked:
+    """`IndexStore.search`, each hit with its item id (what orders equal scores); k,
+    the label and the filter were checked when `query` was made (request.py)."""
+    k, exclude_keys, augmented = query.k, query.where.exclude_keys, query.where.augmented
     if augmented and store.dba is None:
         how = "compute them with `vitrieval-index configure {} --dba`"
         raise StoreError(
             f"{store.directory} has no DBA vectors: {how.format(store.directory)}",
             public=f"this index has no DBA vectors: {how.format('INDEX')}",
         )
-    q = as_matrix(queries, store.dim, "queries")
-    flt = as_filter(filter, label)
+    q = as_matrix(query.vectors, store.dim, "queries")
+    flt = query.where.allowed
     merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
     with store._lock:
         excluded = store._locate(list(exclude_keys)) if exclude_keys else []

@@ -1,0 +1,93 @@
+"""One search of an index as one immutable value: `Query` (the vectors and k) with its
+`Where` (which items it may find, and which of their vectors it ranks against).
+
+Every index (`IndexStore`, `ShardedStore`, the Ray `RemoteIndex`; the contract is
+index/contract.py) takes a search as a `Query`, so a search parameter is declared
+and checked here once: k, the label, the parsed filter, the keys left out, the DBA
+flag. A later parameter is a new field here, not a new argument in every
+implementation. The filter is parsed when the `Where` is made (from decoded JSON, or
+given parsed) and travels parsed: to the store, to every shard, and pickled as it is
+to a shard replica on a Ray cluster (its frozen dataclasses keep `True`, `1`, `1.0`
+and 64-bit integers apart exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import StoreError
+from .filtering import with_label
+from .filters import Filter, parse_filter
+from .items import Hit
+
+Ranked = list[list[tuple[int, Hit]]]
+"""Per query, its hits best first, each with its item id (what orders equal scores)."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which items a query may find (a label, a metadata filter, keys left out), and
+    which of their vectors it ranks against: `augmented`, the index's DBA vectors
+    (index/store/augment.py).
+
+    `filter` may be given as decoded JSON (the language of filters.py): it is parsed
+    here, once (FilterError names what is wrong), and kept as a `Filter`."""
+
+    label: str | None = None
+    exclude_keys: Sequence[str] = ()
+    filter: Filter | Mapping[str, Any] | None = None
+    augmented: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.exclude_keys, str):
+            raise StoreError("exclude_keys must be a sequence of strings, not one string")
+        object.__setattr__(self, "exclude_keys", tuple(self.exclude_keys))
+        if self.filter is not None:
+            object.__setattr__(self, "filter", parse_filter(self.filter))
+
+    @property
+    def allowed(self) -> Filter | None:
+        """The filter and the label as one parsed filter (None: every item)."""
+        return with_label(self.filter, self.label)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, eq=False)
+class Query:
+    """`vectors` float32 (q, d), each row searched for its top `k` among the items
+    `where` allows. k is checked here (StoreError); the vectors' shape against the
+    index's dimension by the index that runs it."""
+
+    vectors: np.ndarray
+    k: int
+    where: Where = Where()
+
+    def __post_init__(self) -> None:
+        k = self.k
+        if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
+            raise StoreError(f"k must be an integer >= 1, got {k!r}")
+        object.__setattr__(self, "k", int(k))
+
+    @classmethod
+    def of(cls, query: Query | np.ndarray, k: int | None = None, **where: Any) -> Query:
+        """`query` itself, or a Query of vectors, k and `Where`'s keyword arguments: the
+        form `ranked_search(queries, k, label=..., filter=...)` callers use."""
+        if isinstance(query, Query):
+            if k is not None or where:
+                raise TypeError("give a Query alone, or vectors, k and where's arguments")
+            return query
+        if k is None:
+            raise TypeError("a search of vectors needs k")
+        return cls(query, k, Where(**where))
+
+    def replace(self, **changes: Any) -> Query:
+        """A copy with `changes` (vectors, k or where), checked as a new one is."""
+        return dataclasses.replace(self, **changes)
+
+    def excluding(self, keys: Sequence[str]) -> Query:
+        """A copy whose left-out keys are `keys` (a shard's part of them)."""
+        return self.replace(where=dataclasses.replace(self.where, exclude_keys=keys))
