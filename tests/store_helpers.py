@@ -72,7 +72,7 @@ def build(
 def faiss_rows(store: IndexStore) -> int:
     """Vectors held by the FAISS indexes of all the store's segments (tombstoned ones
     included): what a compaction shrinks."""
-    return sum(segment.vectors.ntotal for segment in store._segments())
+    return sum(segment.vectors.ntotal for segment in store._state.segments())
 
 
 def flip_byte(path: Path, offset: int) -> None:

@@ -36,7 +36,7 @@ def test_configure_sets_fields_and_dba_and_rewrites_the_index(tmp_path: Path, ca
     assert manifest["filter_fields"] == ["colour"]
     assert manifest["dba"] == {"neighbours": 2, "alpha": 3.0}
     with IndexStore.open(tmp_path / "idx") as store:
-        (segment,) = store._sealed
+        (segment,) = store._state.sealed
         assert segment.dba is not None
         paths = {p for (p,) in segment._db.execute("SELECT DISTINCT path FROM fields")}
         assert paths == {"colour"}

@@ -108,7 +108,7 @@ def test_a_damaged_dba_file_fails_verification(tmp_path: Path) -> None:
     store = built(tmp_path / "idx", x, "IVF4,Flat", ["red"] * 200)
     store.set_dba(2, 3.0)
     store.merge(everything=True, rewrite=True)
-    number = store._sealed[0].number
+    number = store._state.sealed[0].number
     store.close()
     names = sorted(p.name for p in (tmp_path / "idx").glob(f"seg.{number}.dba.*"))
     assert names == [f"seg.{number}.dba.faiss", f"seg.{number}.dba.npy"]

@@ -189,7 +189,7 @@ def test_filter_fields_index_some_paths_and_others_still_filter(tmp_path: Path, 
     store = IndexStore.create(tmp_path / "idx", dim=16, filter_fields=["colour", "shop.city"])
     store.add([str(i) for i in range(600)], x, labels=labels, metadata=metadata)
     store.save()
-    db = store._sealed[0]._db
+    db = store._state.sealed[0]._db
     paths = {p for (p,) in db.execute("SELECT DISTINCT path FROM fields")}
     assert paths == {"colour", "shop.city"}  # only the chosen fields are indexed
     for raw in MIXED_FILTERS:  # price and rank are read from the metadata instead

@@ -224,8 +224,7 @@ def test_an_altered_journal_row_stops_the_open_and_nothing_is_saved(saved_index)
     directory, x = saved_index
     store = IndexStore.open(directory, journal=True)
     store.add(["a", "b"], x[:2], labels=["p", "q"])
-    store._journal.close()  # a SIGKILL: nothing saved, the journal holds the adds
-    store._journal = None
+    store._state.detach_journal()  # a SIGKILL: nothing saved, the journal holds the adds
     store.close()
     manifest_before = (directory / "manifest.json").read_bytes()
     _flip_vector_byte(directory, row=1)
@@ -252,8 +251,7 @@ def test_every_replayed_field_is_covered_by_the_checksum(saved_index, edit) -> N
     directory, x = saved_index
     store = IndexStore.open(directory, journal=True)
     store.add(["a"], x[:1], labels=["p"], metadata=[{"n": 1}])
-    store._journal.close()
-    store._journal = None
+    store._state.detach_journal()
     store.close()
     with sqlite3.connect(directory / JOURNAL_FILE) as db:
         db.execute(edit)

@@ -73,7 +73,7 @@ def _reference(metadata: list[dict], leaf: Range) -> list[str]:
 
 
 def _keys(store: IndexStore, ids: np.ndarray) -> list[str]:
-    by_id = dict(store._sealed[0].keys_by_id())
+    by_id = dict(store._state.sealed[0].keys_by_id())
     return sorted(by_id[int(i)] for i in ids)
 
 
@@ -82,7 +82,7 @@ def _keys(store: IndexStore, ids: np.ndarray) -> list[str]:
 )
 def test_ranges_equal_the_field_index_and_the_reference(sealed, path, columned) -> None:
     store, metadata = sealed
-    segment = store._sealed[0]
+    segment = store._state.sealed[0]
     rng = np.random.default_rng(len(path))
     for bounds in _ranges(rng, 60):
         leaf = parse_filter({"must": [{"key": path, "range": bounds}]}).must[0]
@@ -98,7 +98,7 @@ def test_ranges_equal_the_field_index_and_the_reference(sealed, path, columned) 
 
 def test_one_range_however_repeated_stays_with_the_field_index(sealed) -> None:
     store, _ = sealed
-    segment = store._sealed[0]
+    segment = store._state.sealed[0]
     columns = RangeColumns(segment._db, segment.fields)
     leaf = parse_filter({"must": [{"key": "price", "range": {"gte": 10}}]}).must[0]
     for _ in range(3):
@@ -116,7 +116,7 @@ def test_columns_stay_within_their_budget(sealed, monkeypatch) -> None:
     """The first path to vary keeps its column; one that no longer fits stays with the
     field index for good (no re-reading), and every answer stays right."""
     store, metadata = sealed
-    segment = store._sealed[0]
+    segment = store._state.sealed[0]
 
     def rows(path: str) -> int:
         leaf = parse_filter({"must": [{"key": path, "range": {"gte": -1}}]}).must[0]
@@ -153,7 +153,7 @@ def test_a_column_answer_enters_the_leaf_cache_only_when_asked_again(sealed) -> 
     """A column's answer enters the leaf cache only when its range is asked again: a
     slider's one-off ranges would push out conditions that cost a scan."""
     store, _ = sealed
-    segment = store._sealed[0]
+    segment = store._state.sealed[0]
     leaves = [
         parse_filter({"must": [{"key": "shop.rating", "range": bounds}]}).must[0]
         for bounds in ({"gt": 3.25}, {"lt": 1.75}, {"gte": 2.25, "lte": 4.25})
@@ -171,7 +171,7 @@ def test_a_column_is_read_once_while_searches_go_on(sealed, monkeypatch) -> None
     """Searches on the path being read use the field index meanwhile (None), and the
     column is read once however many searches ask at the same time."""
     store, metadata = sealed
-    segment = store._sealed[0]
+    segment = store._state.sealed[0]
     columns = RangeColumns(segment._db, segment.fields)
     reads, started, release = [], threading.Event(), threading.Event()
     real_read = columns_module.read_column

@@ -18,9 +18,7 @@ METHODS = sorted(
     for name, member in vars(Segment).items()
     if not name.startswith("_") and inspect.isfunction(member)
 )
-PROPERTIES = sorted(
-    name for name, member in vars(Segment).items() if isinstance(member, property)
-)
+PROPERTIES = sorted(name for name, member in vars(Segment).items() if isinstance(member, property))
 
 
 def _parameters(function) -> list[tuple[str, object]]:
@@ -48,7 +46,7 @@ def test_open_segments_of_both_kinds_are_segments(tmp_path):
     store.add([f"k{i}" for i in range(3)], x[:3])
     store.save()
     store.add([f"k{i}" for i in range(3, 6)], x[3:])
-    segments = store._segments()
+    segments = store._state.segments()
     assert {type(s) for s in segments} == {SealedSegment, MemorySegment}
     assert all(isinstance(s, Segment) for s in segments)
     # runtime_checkable checks members exist; their values are of the declared kinds

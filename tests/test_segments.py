@@ -50,7 +50,7 @@ def test_flat_search_over_segments_equals_one_segment(tmp_path: Path) -> None:
     queries = np.concatenate([x[:10], exact_vectors(rng, 20)])
     many = saved_in_parts(tmp_path / "many", x, 6)
     one = saved_in_parts(tmp_path / "one", x, 1)
-    assert len(many._sealed) > 1 and len(one._sealed) == 1
+    assert len(many._state.sealed) > 1 and len(one._state.sealed) == 1
     many.remove(["3", "333", "610"])  # tombstones in sealed segments
     one.remove(["3", "333", "610"])
     for kwargs in ({}, {"label": "2"}, {"exclude_keys": ["0", "5", "620"]}):
@@ -159,11 +159,11 @@ def test_saves_keep_the_segment_count_bounded_and_merges_drop_tombstones(tmp_pat
     x = exact_vectors(rng, 1200)
     queries = exact_vectors(rng, 10)
     store = saved_in_parts(tmp_path / "idx", x, 30)
-    assert len(store._sealed) < MERGE_FACTOR  # all in the smallest tier
+    assert len(store._state.sealed) < MERGE_FACTOR  # all in the smallest tier
     store.remove([str(i) for i in range(0, 1200, 2)])
     store.save()
     store.merge(everything=True)
-    assert len(store._sealed) == 1 and store.info()["deleted"] == 0 and len(store) == 600
+    assert len(store._state.sealed) == 1 and store.info()["deleted"] == 0 and len(store) == 600
     keep = np.arange(1200) % 2 == 1
     assert as_pairs(store.search(queries, 10)) == brute_force(queries, x, 10, keep)
     assert as_pairs(IndexStore.open(tmp_path / "idx").search(queries, 10)) == brute_force(
@@ -196,7 +196,7 @@ def test_searches_and_writes_go_on_during_a_merge(tmp_path: Path, monkeypatch) -
     merger = threading.Thread(target=store.merge, kwargs={"everything": True})
     merger.start()
     merger.join(60)
-    assert during == ["done"] and len(store._sealed) == 1
+    assert during == ["done"] and len(store._state.sealed) == 1
     assert "10" not in store and "800" in store and len(store) == 800
     monkeypatch.undo()
     store.save()
@@ -365,8 +365,7 @@ def _journalled_store(directory: Path, x: np.ndarray) -> IndexStore:
 
 def _crash(store: IndexStore) -> None:
     """Drop the store without saving, as SIGKILL would."""
-    store._journal.close()
-    store._journal = None
+    store._state.detach_journal()
     store.close()
 
 

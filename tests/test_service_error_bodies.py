@@ -82,7 +82,7 @@ class FullJournal:
 
 def test_a_failing_journal_is_a_503_that_names_no_file(digits_gallery, served_index) -> None:
     with make_client(digits_gallery["model"], served_index) as client:
-        journal = client.app.state.service.store._journal
+        journal = client.app.state.service.store._state.journal
         journal._db = FullJournal(journal._db)
         answers = [
             client.post("/v1/items", json={"key": "v", "vector": VECTOR}, headers=AUTH),
@@ -101,7 +101,7 @@ def test_a_damaged_index_refuses_changes_without_naming_its_files(
 ) -> None:
     with make_client(digits_gallery["model"], served_index) as client:
         store = client.app.state.service.store
-        store._damaged = {1: f"{served_index}/seg.1.items.sqlite: checksum mismatch"}
+        store._state._damaged = {1: f"{served_index}/seg.1.items.sqlite: checksum mismatch"}
         added = client.post("/v1/items", json={"key": "v", "vector": VECTOR}, headers=AUTH)
         assert added.status_code == 503 and added.json()["code"] == "storage_unavailable"
         assert "restored from a backup" in added.json()["detail"]

@@ -145,7 +145,7 @@ def test_label_filter_without_selector_support(tmp_path: Path, monkeypatch) -> N
     filtered = store.search(queries, 10, label="c2")
     for full_row, row in zip(everything, filtered, strict=True):
         assert row == [h for h in full_row if h.label == "c2"][:10]
-    assert all(not s.vectors.selector_works() for s in store._segments() if s.live_count)
+    assert all(not s.vectors.selector_works() for s in store._state.segments() if s.live_count)
 
 
 def test_exclude_keys_and_small_stores(tmp_path: Path) -> None:

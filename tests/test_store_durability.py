@@ -74,7 +74,7 @@ def test_a_flipped_byte_in_a_sealed_segment_is_found_and_never_merged(
         opened.verify()
     with pytest.raises(StoreError, match="checksum mismatch"):
         opened.merge(everything=True)
-    assert len(opened._sealed) == 2  # nothing was merged
+    assert len(opened._state.sealed) == 2  # nothing was merged
     opened.close()
     with pytest.raises(StoreError, match="checksum mismatch"):
         IndexStore.open(tmp_path / "idx", verify=True)

@@ -255,9 +255,7 @@ class ShardReplica:
         (more than `limit` items) comes back as a StoreFailure."""
 
         def read(store: IndexStore) -> tuple[tuple[list[str], list[str], np.ndarray], dict]:
-            with store._lock:  # the store's own lock: no delete between the two reads
-                part = store.labelled_items(limit, filter)
-                return part, store.item_ids(part[0])
+            return store.labelled_items_and_ids(limit, filter)  # no delete between the two
 
         try:
             return await self._read(read)

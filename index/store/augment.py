@@ -20,16 +20,18 @@ no DBA set yet and are ranked by their plain vectors, also in an augmented searc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 
 from ..rerank import expand_queries
 from .errors import StoreError
+from .items import Hit
 from .segment import Augment
+from .store_state import StoreState
 
-if TYPE_CHECKING:
-    from .core import IndexStore
+Rank = Callable[[np.ndarray, int], list[list[tuple[int, Hit]]]]
+"""Top-k (id, hit) lists for float32 (q, dim) queries: the store's ranked search."""
 
 MAX_DBA_NEIGHBOURS = 64
 
@@ -45,18 +47,19 @@ def check_dba(neighbours: int, alpha: float) -> tuple[int, float]:
     return neighbours, float(alpha)
 
 
-def dba_augment(store: IndexStore, neighbours: int, alpha: float) -> Augment:
-    """The function a merge calls on each batch: (ids, vectors) -> DBA vectors."""
+def dba_augment(rank: Rank, state: StoreState, neighbours: int, alpha: float) -> Augment:
+    """The function a merge calls on each batch: (ids, vectors) -> DBA vectors, with
+    the neighbours `rank` finds in the store `state` holds."""
 
     def augment(ids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-        found = store.ranked_search(vectors, neighbours + 1)
+        found = rank(vectors, neighbours + 1)
         near = np.full((len(ids), neighbours), -1, dtype=np.int64)
         scores = np.zeros((len(ids), neighbours), dtype=np.float32)
         for row, (own, hits) in enumerate(zip(ids.tolist(), found, strict=True)):
             others = [(i, h.score) for i, h in hits if i != own][:neighbours]
             for j, (i, score) in enumerate(others):
                 near[row, j], scores[row, j] = i, score
-        stored = vectors_by_id(store, np.unique(near[near >= 0]))
+        stored = vectors_by_id(state, np.unique(near[near >= 0]))
         neighbour_vectors = np.zeros((*near.shape, vectors.shape[1]), dtype=np.float32)
         for (row, j), i in np.ndenumerate(near):
             if i >= 0:
@@ -66,11 +69,11 @@ def dba_augment(store: IndexStore, neighbours: int, alpha: float) -> Augment:
     return augment
 
 
-def vectors_by_id(store: IndexStore, ids: np.ndarray) -> dict[int, np.ndarray]:
+def vectors_by_id(state: StoreState, ids: np.ndarray) -> dict[int, np.ndarray]:
     """item id -> stored (plain) float32 vector, for the `ids` any segment holds."""
     found: dict[int, np.ndarray] = {}
-    with store._lock:
-        for segment in store._segments():
+    with state.lock:
+        for segment in state.segments():
             got, vectors = segment.exact_vectors(ids)
             found.update(zip(got.tolist(), vectors, strict=True))
     return found

@@ -5,11 +5,14 @@ Sealed segments (segment.py) are immutable files, memory-mapped; the growing seg
 A save seals the growing segment into new files and writes the tombstones that
 changed, then commits the manifest: its cost follows the change, not the index.
 Searches fan out over every segment and merge the per-segment top k.
+
+What an open store holds (its segments, counters, journal, lease and locks) is a
+StoreState (store_state.py); this class is the public face over it, and the modules
+that open, save, search, report and verify take the state, never this class.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -17,31 +20,25 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 
 from ..rerank import DEFAULT_DBA_ALPHA
-from . import manifest as mf
-from .augment import check_dba
+from .augment import check_dba, dba_augment
 from .checks import as_matrix, check_ids, checked_items
-from .damage import changed_on_disk, with_damaged
-from .errors import DamagedIndexError, KeyExistsError, StoreError
+from .errors import KeyExistsError, StoreError
 from .fields import FieldSelection, check_field_paths
 from .filters import Filter
 from .health import legacy_items, scrub_store, verify_store
-from .items import Hit, ItemRecord, ItemTable, Row
-from .journal import Journal, JournalOwner
-from .leases import Lease
+from .items import Hit, ItemRecord, Row
 from .loading import create_store, open_store
-from .memory_segment import MemorySegment
-from .merge import TOMBSTONE_FRACTION, pick_merge
+from .merge import TOMBSTONE_FRACTION
 from .persist import merge as merge_segments
 from .persist import save as save_store
 from .report import store_info
 from .request import Query, Ranked
 from .search import labelled_items, ranked_search
 from .segment import SealedSegment
-from .segment_contract import Segment
+from .store_state import StoreState
 from .vectors import VectorIndex, new_faiss_index
 
 logger = logging.getLogger(__name__)
@@ -58,57 +55,9 @@ class IndexStore:
     merge runs. A journalled mutation holds it for its journal fsync.
     """
 
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        factory: str,
-        dim: int,
-        template: faiss.Index,
-        gpu: str,
-        model: mf.ModelEntry | None,
-        committed: mf.Manifest | None,
-        sealed: list[SealedSegment] | None = None,
-        growing: MemorySegment | None = None,
-        legacy: bool = False,
-        filter_fields: FieldSelection | None = None,
-        dba: tuple[int, float] | None = None,
-    ) -> None:
-        self.directory = directory
-        self.dba = dba  # (neighbours, alpha) merges compute DBA vectors with (augment.py)
-        # the metadata paths new segments index for filters (fields.py)
-        self.filter_fields = filter_fields or FieldSelection(None)
-        self.dim = dim
-        self.factory = factory
-        self._template = template  # empty (trained) index new segments start from
-        self._gpu = gpu
-        self._model = model
-        self._committed = committed
-        self._base_generation = committed.generation if committed else None
-        self._legacy = legacy  # a format-1 index: readable, not writable (upgrade first)
-        self._model_source: Path | None = None  # a model still to copy in at save
-        self._sealed: list[SealedSegment] = sealed or []
-        self._sealing: list[MemorySegment] = []  # frozen growing segments being written
-        self._growing = growing or self._new_growing()
-        self._retired: list[SealedSegment] = []  # replaced in memory, still committed
-        self._damaged: dict[int, str] = {}  # segments out of service: number -> why
-        ids = [s.max_id() for s in self._memory_segments()] + [-1]
-        self._next_id = max(committed.next_id if committed else 0, max(ids) + 1)
-        numbers = [s.number for s in self._sealed] + [0]
-        self._next_segment = max(numbers) + 1
-        self._quantizer_dirty = False
-        self._params_dirty = False
-        self._created = committed.created if committed else mf.now_iso()
-        self._dirty = committed is None
-        self._lock = threading.RLock()
-        self._commit_lock = threading.Lock()  # one save or merge at a time
-        self._journal: Journal | None = None
-        self._journaling = False
-        self._journal_seq = 0  # last journal row reflected in memory
-        self._journal_pending = 0  # rows no save has committed (read without the lock)
-        self._journal_owner: JournalOwner | None = None
-        self._lease: Lease | None = None  # on the committed files this store reads
-        self._trainable = not new_faiss_index(dim, factory).is_trained
+    def __init__(self, state: StoreState) -> None:
+        """A store over `state`; `create` and `open` make one."""
+        self._state = state
 
     # -- construction ------------------------------------------------------------------
 
@@ -137,8 +86,7 @@ class IndexStore:
         None indexes every scalar field, a list only those (a filter on another
         field still works, by reading the metadata of every item it considers).
         """
-        return create_store(
-            cls,
+        state = create_store(
             Path(directory),
             dim=dim,
             factory=factory,
@@ -149,6 +97,7 @@ class IndexStore:
             quantizer=quantizer,
             filter_fields=filter_fields,
         )
+        return cls(state)
 
     @classmethod
     def open(
@@ -180,62 +129,51 @@ class IndexStore:
             verify=verify,
         )
 
-    def _new_growing(self) -> MemorySegment:
-        return MemorySegment(
-            VectorIndex(faiss.clone_index(self._template), self._gpu),
-            ItemTable.new(self.filter_fields),
-        )
-
-    # -- segments ----------------------------------------------------------------------
-
-    def _memory_segments(self) -> list[MemorySegment]:
-        return [*self._sealing, self._growing]
-
-    def _segments(self) -> list[Segment]:
-        """Every segment searched, oldest first (damaged ones are out of service)."""
-        return [*(s for s in self._sealed if not s.damaged), *self._sealing, self._growing]
-
-    def _serving(self) -> list[Segment]:
-        """`_segments()` once any sealed segment whose files changed on disk is out of
-        service (damage.changed_on_disk); reads call it, locked."""
-        for segment, reason in changed_on_disk(self._sealed):
-            self.mark_damaged(segment, reason)
-        return self._segments()
-
-    def _locate(self, keys: Sequence[str]) -> list[tuple[Segment, dict[str, int]]]:
-        """(segment, key -> id) for the live `keys`, per segment holding any."""
-        found = []
-        for segment in self._serving():
-            ids = segment.live_ids(keys)
-            if ids:
-                found.append((segment, ids))
-        return found
-
     # -- attributes and small queries ---------------------------------------------------
 
     @property
+    def directory(self) -> Path:
+        return self._state.directory
+
+    @property
+    def dim(self) -> int:
+        return self._state.dim
+
+    @property
+    def factory(self) -> str:
+        return self._state.factory
+
+    @property
+    def dba(self) -> tuple[int, float] | None:
+        """(neighbours, alpha) merges compute DBA vectors with (augment.py), or None."""
+        return self._state.dba
+
+    @property
+    def filter_fields(self) -> FieldSelection:
+        """The metadata paths new segments index for filters (fields.py)."""
+        return self._state.filter_fields
+
+    @property
     def fingerprint(self) -> str | None:
-        return self._model.fingerprint if self._model else None
+        return self._state.fingerprint
 
     @property
     def model_path(self) -> Path | None:
         """The model copy inside the directory, once saved (None before, or without one)."""
-        if self._model and self._model.file and self._committed is not None:
-            return self.directory / self._model.file
-        return None
+        return self._state.model_path
 
     @property
     def format_version(self) -> int:
-        return mf.LEGACY_FORMAT_VERSION if self._legacy else mf.FORMAT_VERSION
+        return self._state.format_version
 
     def __len__(self) -> int:
-        return sum(s.live_count for s in self._segments())
+        return self._state.live_count()
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
-        with self._lock:
-            return bool(self._locate([key]))
+        with self._state.lock:
+            return bool(self._state.locate([key]))
 
     def __repr__(self) -> str:
         where = str(self.directory)
@@ -243,13 +181,13 @@ class IndexStore:
 
     def keys(self) -> list[str]:
         """Live keys in insertion (id) order."""
-        with self._lock:
-            pairs = [pair for s in self._serving() for pair in s.keys_by_id()]
+        with self._state.lock:
+            pairs = [pair for s in self._state.serving() for pair in s.keys_by_id()]
         return [key for _, key in sorted(pairs)]
 
     def get(self, key: str) -> ItemRecord | None:
-        with self._lock:
-            for segment in reversed(self._serving()):
+        with self._state.lock:
+            for segment in reversed(self._state.serving()):
                 record = segment.get(key)
                 if record is not None:
                     return record
@@ -263,27 +201,39 @@ class IndexStore:
         """(keys, labels, float32 (n, dim) vectors) of the live labelled items in insertion
         order (those `filter` allows): the input of a leave-one-out evaluation. More than
         `limit` items is a StoreError (checked before any vector is read)."""
-        return labelled_items(self, limit, filter)
+        return labelled_items(self._state, limit, filter)
+
+    def labelled_items_and_ids(
+        self,
+        limit: int | None = None,
+        filter: Filter | Mapping[str, Any] | None = None,
+    ) -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]]:
+        """`labelled_items` and the item ids of its keys, read under one hold of the
+        lock: no delete comes between the two reads."""
+        with self._state.lock:
+            part = self.labelled_items(limit, filter)
+            return part, self.item_ids(part[0])
 
     @property
     def next_id(self) -> int:
         """The id the next added item gets (ids increase with every add)."""
-        return self._next_id
+        return self._state.next_id
 
     def item_ids(self, keys: Sequence[str]) -> dict[str, int]:
         """key -> item id of the live `keys` (ids order equal scores in search)."""
-        with self._lock:
-            return {key: i for _, found in self._locate(list(keys)) for key, i in found.items()}
+        with self._state.lock:
+            found = self._state.locate(list(keys))
+            return {key: i for _, ids in found for key, i in ids.items()}
 
     @property
     def journal_pending(self) -> int:
         """Mutations in the journal that no save has committed yet."""
         # no lock: /metrics and the checkpoint poll read this while a save holds it
-        return self._journal_pending
+        return self._state.journal_pending
 
     def needs_training(self) -> bool:
         """Whether train() must run before add() (IVF and PQ factories)."""
-        return not self._template.is_trained
+        return not self._state.template.is_trained
 
     # -- mutations ---------------------------------------------------------------------
 
@@ -317,9 +267,10 @@ class IndexStore:
                 public=f"the {self.factory!r} index is not trained yet: build it from a "
                 "sample of the catalogue (vitrieval-index build) before adding items",
             )
-        with self._lock:
-            self._refuse_if_damaged()
-            existing = self._locate(keys)
+        state = self._state
+        with state.lock:
+            state.refuse_if_damaged()
+            existing = state.locate(keys)
             if existing and not replace:
                 first = next(iter(existing[0][1]))
                 count = sum(len(ids) for _, ids in existing)
@@ -327,14 +278,14 @@ class IndexStore:
                     f"{count} key(s) already in the index, e.g. {first!r}; "
                     "pass replace=True to overwrite them"
                 )
-            ids = check_ids(ids, len(keys), self._next_id)
+            ids = check_ids(ids, len(keys), state.next_id)
             rows = [
                 Row(int(i), k, lab, p, m, v)
                 for i, k, lab, p, m, v in zip(ids, keys, labels_, paths_, metadata_, x, strict=True)
             ]
-            growing = self._growing
+            growing = state.growing
             with (
-                self._journalled(
+                state.journalled(
                     "add", keys, vectors=x, labels=labels_, paths=paths_, metadata=metadata_
                 ),
                 growing.items.transaction(),
@@ -347,41 +298,24 @@ class IndexStore:
                 for segment, found in existing:
                     if segment is not growing:
                         segment.retire(np.fromiter(found.values(), dtype=np.int64))
-            self._next_id = int(ids[-1]) + 1
-            self._dirty = True
+            state.added(int(ids[-1]))
 
     def remove(self, keys: Sequence[str]) -> int:
         """Remove items by key; returns how many were present (unknown keys are ignored)."""
         if isinstance(keys, str):
             raise StoreError("keys must be a sequence of strings, not one string")
-        with self._lock:
-            self._refuse_if_damaged()
-            found = self._locate(list(dict.fromkeys(keys)))
+        state = self._state
+        with state.lock:
+            state.refuse_if_damaged()
+            found = state.locate(list(dict.fromkeys(keys)))
             if not found:
                 return 0
             removed = [key for _, ids in found for key in ids]
-            with self._journalled("remove", removed):
+            with state.journalled("remove", removed):
                 for segment, ids in found:
                     segment.retire(np.fromiter(ids.values(), dtype=np.int64))
-            self._dirty = True
+            state.changed()
             return len(removed)
-
-    @contextlib.contextmanager
-    def _journalled(self, op: str, keys: Sequence[str], **columns: Any) -> Iterator[None]:
-        """Journal a mutation durably before the block applies it in memory; take the
-        row back out if applying fails, so replay never meets a mutation that failed."""
-        if not self._journaling:
-            yield
-            return
-        before = self._journal_seq
-        self._journal_seq = self._journal.append(op, keys, **columns)
-        try:
-            yield
-        except BaseException:
-            self._journal.discard(before)
-            self._journal_seq = before
-            raise
-        self._journal_pending += len(keys)
 
     def train(self, vectors: np.ndarray) -> None:
         """Train an IVF/PQ index on float32 (n, dim) vectors; a no-op for Flat and HNSW.
@@ -392,24 +326,15 @@ class IndexStore:
         (nprobe) carry over.
         """
         x = as_matrix(vectors, self.dim, "training vectors")
+        state = self._state
         # under the commit lock too: a save must not be sealing segments train replaces
-        with self._commit_lock, self._lock:
-            if not self._trainable:
+        with state.commit_lock, state.lock:
+            if not state.trainable:
                 return
-            fresh = VectorIndex(new_faiss_index(self.dim, self.factory), self._gpu)
-            fresh.copy_settings(VectorIndex(self._template, "cpu"))
+            fresh = VectorIndex(new_faiss_index(self.dim, self.factory), state.gpu)
+            fresh.copy_settings(VectorIndex(state.template, "cpu"))
             fresh.train(x)
-            self._template = fresh.cpu
-            moved = self._new_growing()
-            for segment in self._segments():
-                for rows, batch in segment.live_rows():
-                    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-                    moved.insert([Row(*r, v) for r, v in zip(rows, batch, strict=True)], batch, ids)
-            self._retired.extend(self._sealed)
-            for segment in self._memory_segments():
-                segment.close()
-            self._sealed, self._sealing, self._growing = [], [], moved
-            self._quantizer_dirty = self._dirty = True
+            state.retrain(fresh.cpu)
 
     def compact(self) -> None:
         """Fold every segment into one, dropping tombstones (saves first)."""
@@ -420,20 +345,21 @@ class IndexStore:
         """Speed/recall knobs saved with the index: IVF `nprobe` (lists probed per query,
         default max(8, nlist/16); nprobe = nlist is exact) and HNSW `ef_search` (default
         64). Setting one the index does not have is a StoreError."""
-        with self._lock:
+        state = self._state
+        with state.lock:
             for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
                 if value is None:
                     continue
                 if int(value) < 1:
                     raise StoreError(f"{name} must be >= 1, got {value}")
-                VectorIndex(self._template, "cpu").set_parameter(name, int(value))
-                for segment in self._segments():
+                VectorIndex(state.template, "cpu").set_parameter(name, int(value))
+                for segment in state.segments():
                     segment.vectors.set_parameter(name, int(value))
-                self._params_dirty = self._dirty = True
+                state.changed(params=True)
 
     def search_params(self) -> dict[str, int]:
         """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch)."""
-        return VectorIndex(self._template, "cpu").search_settings()
+        return self._state.search_params()
 
     # -- search ------------------------------------------------------------------------
 
@@ -457,7 +383,7 @@ class IndexStore:
         self, query: Query | np.ndarray, k: int | None = None, **where: Any
     ) -> Ranked:
         """`search`, each hit with its item id (what orders equal scores)."""
-        return ranked_search(self, Query.of(query, k, **where))
+        return ranked_search(self._state, Query.of(query, k, **where))
 
     # -- persistence (saving, merging: persist.py) --------------------------------------
 
@@ -466,39 +392,47 @@ class IndexStore:
         tombstones that changed, then replace the manifest (the commit point). Costs
         what changed since the last save; searches and adds go on meanwhile. A no-op
         when nothing changed. A crash at any step leaves the last commit loadable."""
-        save_store(self)
+        state = self._state
+        if save_store(state) and state.due_merge() and not state.journaling:
+            # a batch writer (CLI, build) merges at once; a server merges in the background
+            self.merge()
 
     def merge(self, *, everything: bool = False, rewrite: bool = False) -> int:
         """Merge small segments (and rewrite those with many tombstones) into one new
         segment, off the search path; returns how many segments were merged (0: none
         was due). `everything=True` folds all sealed segments into one; `rewrite=True`
         writes a lone clean segment anew too (to give it DBA vectors)."""
-        return merge_segments(self, everything=everything, rewrite=rewrite)
+        state, dba = self._state, self._state.dba
+        augment = None if dba is None else dba_augment(self.ranked_search, state, *dba)
+        return merge_segments(state, augment, everything=everything, rewrite=rewrite)
+
+    def upgrade_format(self) -> None:
+        """Make the next save() write this format-1 index as format 2 (upgrade.py)."""
+        with self._state.lock:
+            self._state.upgrade_legacy()
 
     def set_filter_fields(self, paths: Sequence[str] | None) -> None:
         """Choose the metadata paths segments written from now on index for filters
         (None: every scalar field; fields.py). Saved with the index; a filter on a path
         a segment did not index reads that segment's metadata instead, until a merge
         (`merge(everything=True, rewrite=True)`) rewrites it."""
-        with self._lock:
-            self.filter_fields = FieldSelection(check_field_paths(paths))
-            self._params_dirty = self._dirty = True
+        with self._state.lock:
+            self._state.set_filter_fields(FieldSelection(check_field_paths(paths)))
 
     def set_dba(self, neighbours: int | None, alpha: float = DEFAULT_DBA_ALPHA) -> None:
         """Turn DBA on (every later merge computes the DBA vectors of what it writes,
         with `neighbours` and `alpha`: augment.py) or off (None). Saved with the index;
         `merge(everything=True, rewrite=True)` gives every item its DBA vector now."""
-        with self._lock:
-            self.dba = None if neighbours is None else check_dba(neighbours, alpha)
-            self._params_dirty = self._dirty = True
+        with self._state.lock:
+            self._state.set_dba(None if neighbours is None else check_dba(neighbours, alpha))
 
     def verify(self) -> None:
         """Check every byte of every committed file against its checksum (StoreError)."""
-        verify_store(self)
+        verify_store(self._state)
 
     def legacy_items(self) -> list[tuple[str, str]]:
         """(key, problem) of items this version would refuse at add (health.py)."""
-        return legacy_items(self)
+        return legacy_items(self._state)
 
     def scrub(
         self, bytes_per_s: float | None = None, stop: threading.Event | None = None
@@ -508,56 +442,31 @@ class IndexStore:
         keep its committed entry as it is, for the operator to restore. Returns the
         damaged segments as (number, reason), this scrub's and earlier ones. `stop`
         ends the scrub between two reads (a server shutting down)."""
-        return scrub_store(self, bytes_per_s, stop)
+        return scrub_store(self._state, bytes_per_s, stop)
 
     def mark_damaged(self, segment: SealedSegment, reason: str) -> None:
         """Take `segment` out of service, unless a merge replaced it meanwhile (its files
         are gone because they were merged, not damaged)."""
-        with self._lock:
-            self._damaged = with_damaged(
-                self._sealed, self._damaged, segment, reason, self.directory
-            )
+        self._state.mark_damaged(segment, reason)
 
     def damaged_segments(self) -> list[tuple[int, str]]:
         """(number, reason) of the segments out of service. Lock-free (a copy of a
         dict the scrub replaces), so probes never wait behind a search or a save."""
-        return list(self._damaged.items())
-
-    def _refuse_if_damaged(self) -> None:
-        """Keys of a damaged segment cannot be looked up, so a mutation could break
-        their uniqueness: refuse them all until the index is restored."""
-        if self._damaged:
-            numbers = ", ".join(str(n) for n in self._damaged)
-            raise DamagedIndexError(
-                f"{self.directory}: segment(s) {numbers} failed verification; the index takes "
-                "no changes until it is restored from a backup"
-            )
+        return self._state.damaged_segments()
 
     def due_merge(self) -> bool:
-        with self._lock:
-            healthy = [s for s in self._sealed if not s.damaged]
-            return bool(pick_merge(healthy))
+        """Whether the merge policy (merge.py) would merge segments now."""
+        return self._state.due_merge()
 
     # -- reporting and lifetime ---------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
         """A manifest-like summary of the store as it is in memory now, plus disk usage."""
-        return store_info(self)
+        return store_info(self._state)
 
     def close(self) -> None:
         """Release files and connections (unsaved changes are lost)."""
-        with self._lock:
-            for segment in [*self._segments(), *self._retired]:
-                segment.close()
-            if self._journal is not None:
-                self._journal.close()
-                self._journal = None
-            if self._journal_owner is not None:
-                self._journal_owner.release()
-                self._journal_owner = None
-            if self._lease is not None:
-                self._lease.release()
-                self._lease = None
+        self._state.close()
 
     def __enter__(self) -> IndexStore:
         return self

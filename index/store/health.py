@@ -4,36 +4,33 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import TYPE_CHECKING
 
 from . import manifest as mf
 from .checks import key_problem
 from .errors import ScrubStopped, StoreError
 from .filters import find_outside_int64
-
-if TYPE_CHECKING:
-    from .core import IndexStore
+from .store_state import StoreState
 
 
-def verify_store(store: IndexStore) -> None:
+def verify_store(state: StoreState) -> None:
     """Check every byte of every committed file against its checksum (StoreError)."""
-    with store._lock:
-        segments = list(store._sealed)
-        committed = store._committed
+    with state.lock:
+        segments = state.sealed
+        committed = state.committed
     for segment in segments:
         segment.verify()
     model = committed.model if committed else None
     if model and model.file and model.checksum:
-        mf.verify_file(store.directory, model.file, model.checksum)
+        mf.verify_file(state.directory, model.file, model.checksum)
 
 
 def scrub_store(
-    store: IndexStore, bytes_per_s: float | None, stop: threading.Event | None
+    state: StoreState, bytes_per_s: float | None, stop: threading.Event | None
 ) -> list[tuple[int, str]]:
     """`IndexStore.scrub`: verify the healthy sealed segments in turn, taking any that
     fails out of service; returns every damaged segment as (number, reason)."""
-    with store._lock:
-        segments = [s for s in store._sealed if not s.damaged]
+    with state.lock:
+        segments = state.healthy_sealed()
     for segment in segments:
         if stop is not None and stop.is_set():
             break
@@ -42,17 +39,17 @@ def scrub_store(
         except ScrubStopped:
             break
         except StoreError as exc:
-            store.mark_damaged(segment, str(exc))
-    return store.damaged_segments()
+            state.mark_damaged(segment, str(exc))
+    return state.damaged_segments()
 
 
-def legacy_items(store: IndexStore, chunk: int = 10_000) -> list[tuple[str, str]]:
+def legacy_items(state: StoreState, chunk: int = 10_000) -> list[tuple[str, str]]:
     """(key, what) for the items written before this version refused them: metadata
     holding an integer outside int64 (kept and returned as written; filters do not see
     it), keys HTTP clients cannot address (checks.key_problem). They stay searchable,
     and `remove` deletes them."""
-    with store._lock:
-        segments = list(store._segments())
+    with state.lock:
+        segments = state.segments()
     found = []
     for segment in segments:
         ids = [item_id for item_id, _ in segment.keys_by_id()]

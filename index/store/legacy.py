@@ -12,7 +12,6 @@ it leaves the format-1 index as it was, and its old files are removed only after
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import faiss
 
@@ -20,16 +19,13 @@ from . import manifest as mf
 from .errors import StoreError
 from .items import ItemTable
 from .memory_segment import MemorySegment
+from .store_state import StoreState
 from .vectors import VectorIndex
 
-if TYPE_CHECKING:
-    from .core import IndexStore
 
-
-def open_legacy(
-    cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str
-) -> IndexStore:
-    """A format-1 generation as a read-only store (every file verified, as format 1 did)."""
+def open_legacy(directory: Path, manifest: mf.Manifest, gpu: str) -> StoreState:
+    """A format-1 generation as a read-only store's state (every file verified, as
+    format 1 did)."""
     g = manifest.generation
     if manifest.model and manifest.model.file and manifest.model.checksum:
         mf.verify_file(directory, manifest.model.file, manifest.model.checksum)
@@ -47,7 +43,7 @@ def open_legacy(
     template = faiss.clone_index(vectors.cpu)
     template.reset()  # trained, empty: what new segments start from
     segment = MemorySegment(vectors, items)
-    store = cls(
+    state = StoreState(
         directory,
         factory=manifest.factory,
         dim=manifest.dim,
@@ -60,13 +56,12 @@ def open_legacy(
     )
     rows = segment.live_count + len(segment.tombstones)
     if rows != vectors.ntotal or segment.live_count != manifest.count:
-        store.close()
+        state.close()
         raise StoreError(
             f"{directory} is inconsistent: {vectors.ntotal} vectors, {rows} item rows, "
             f"manifest count {manifest.count}"
         )
-    store._dirty = False
-    return store
+    return state  # committed and unchanged: nothing unsaved
 
 
 def legacy_message(directory: Path) -> str:

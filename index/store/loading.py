@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import filecmp
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar
 
 from ..model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
@@ -23,10 +23,8 @@ from .leases import Lease
 from .legacy import legacy_message, open_legacy
 from .persist import TUNABLE_PARAMS, committed_files
 from .segment import SealedSegment
+from .store_state import StoreState
 from .vectors import VectorIndex, check_gpu_mode, new_faiss_index, start_template
-
-if TYPE_CHECKING:
-    from .core import IndexStore
 
 logger = logging.getLogger(__name__)
 # a writer committing meanwhile can remove files this open was about to map; each try
@@ -78,27 +76,40 @@ def check_expected(
         )
 
 
+class Replaying(Protocol):
+    """What a journal's rows are replayed through: the store being opened."""
+
+    def add(self, keys: Sequence[str], vectors: Any, **columns: Any) -> None: ...
+
+    def remove(self, keys: Sequence[str]) -> int: ...
+
+    def verify(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Replaying)
+
+
 class MovedOn(StoreError):
     """A writer committed a newer generation while this open was taking its lease."""
 
 
-def load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str) -> IndexStore:
+def load(directory: Path, manifest: mf.Manifest, gpu: str) -> StoreState:
     # the lease first, then the check that the generation is still the committed one:
     # every commit after that check sees the lease and keeps these files (leases.py)
     lease = Lease.take(directory, manifest.generation, committed_files(manifest))
     try:
         if mf.committed_generation(directory) != manifest.generation:
             raise MovedOn(f"{directory}: a newer generation was committed meanwhile")
-        store = _load(cls, directory, manifest, gpu)
+        return _load(directory, manifest, gpu, lease)
     except BaseException:
         if lease is not None:
             lease.release()
         raise
-    store._lease = lease
-    return store
 
 
-def _load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: str) -> IndexStore:
+def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None) -> StoreState:
     if manifest.model and manifest.model.file and manifest.model.checksum:
         # small beside the segments, and what `search` embeds with: read in full
         mf.verify_file(directory, manifest.model.file, manifest.model.checksum)
@@ -116,7 +127,7 @@ def _load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: st
         for segment in sealed:
             segment.close()
         raise
-    store = cls(
+    state = StoreState(
         directory,
         factory=manifest.factory,
         dim=manifest.dim,
@@ -136,42 +147,43 @@ def _load(cls: type[IndexStore], directory: Path, manifest: mf.Manifest, gpu: st
             segment.vectors.set_parameter(name, value)
     live = sum(s.live_count for s in sealed)
     if live != manifest.count:
-        store.close()
+        state.close()
         raise StoreError(
             f"{directory} is inconsistent: {live} live items in its segments, manifest "
             f"count {manifest.count}"
         )
-    return store
+    return state
 
 
-def attach_journal(store: IndexStore, *, create: bool) -> None:
-    """Replay the folder's journal; with `create`, journal every later mutation."""
-    path = store.directory / JOURNAL_FILE
+def attach_journal(store: Replaying, state: StoreState, *, create: bool) -> None:
+    """Replay the folder's journal through `store` (over `state`); with `create`,
+    journal every later mutation."""
+    path = state.directory / JOURNAL_FILE
     try:
         if create:
-            store._journal_owner = JournalOwner(store.directory)
+            state.own_journal(JournalOwner(state.directory))
         journal = (
-            Journal(path, store.dim)
+            Journal(path, state.dim)
             if create
-            else Journal.open_existing(store.directory, store.dim)
+            else Journal.open_existing(state.directory, state.dim)
         )
     except BaseException:
         store.close()
         raise
     if journal is None:
         return
-    committed = store._committed.journal if store._committed else None
+    committed = state.committed.journal if state.committed else None
     # rows the last commit holds already (its truncation may not have happened)
     held = committed[1] if committed and committed[0] == journal.id else 0
     try:
         replayed = 0
-        store._journal_seq = max(store._journal_seq, held)
+        state.replayed(held, 0)
         for entry in journal.entries():
             if entry.seq <= held:
                 continue
-            problem = row_problem(entry, store.dim)
+            problem = row_problem(entry, state.dim)
             if problem is not None:
-                raise unappliable_row(store.directory, entry, problem)
+                raise unappliable_row(state.directory, entry, problem)
             if entry.op == "add":
                 store.add(
                     [entry.key],
@@ -183,20 +195,18 @@ def attach_journal(store: IndexStore, *, create: bool) -> None:
                 )
             else:
                 store.remove([entry.key])
-            store._journal_seq = entry.seq
             replayed += 1
-            store._journal_pending = replayed
+            state.replayed(entry.seq, replayed)
     except BaseException:
         journal.close()
         store.close()
         raise
-    store._journal, store._journaling = journal, create
+    state.attach_journal(journal, journaling=create)
     if replayed:
-        logger.info("replayed %d journalled mutation(s) of %s", replayed, store.directory)
+        logger.info("replayed %d journalled mutation(s) of %s", replayed, state.directory)
 
 
 def create_store(
-    cls: type[IndexStore],
     directory: Path,
     *,
     dim: int,
@@ -207,8 +217,8 @@ def create_store(
     gpu: str,
     quantizer: bytes | None,
     filter_fields: Sequence[str] | None,
-) -> IndexStore:
-    """`IndexStore.create`: a new, empty store (nothing written until save())."""
+) -> StoreState:
+    """`IndexStore.create`: a new, empty store's state (nothing written until save())."""
     if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
         raise StoreError(f"dim must be a positive integer, got {dim!r}")
     if directory.exists() and not directory.is_dir():
@@ -221,7 +231,7 @@ def create_store(
     if model_path is not None:
         source, fingerprint = check_model(Path(model_path), fingerprint, dim)
     check_gpu_mode(gpu)
-    store = cls(
+    state = StoreState(
         directory,
         factory=factory,
         dim=dim,
@@ -231,18 +241,16 @@ def create_store(
         committed=None,
         filter_fields=FieldSelection(check_field_paths(filter_fields)),
     )
-    store._model_source = source
-    store._quantizer_dirty = quantizer is not None
-    store._base_generation = mf.committed_generation(directory) if directory.is_dir() else None
-    if store._base_generation is not None:
+    base = mf.committed_generation(directory) if directory.is_dir() else None
+    next_segment = 0
+    if base is not None:
         # never write over a file of the index this one replaces before the commit
         old = mf.read_manifest(directory)
-        store._next_segment = max([s.number for s in old.segments] + [0]) + 1
-    if directory.is_dir():
-        # rows journalled against the index this store replaces die with it at save()
-        store._journal = Journal.open_existing(directory, dim)
-        store._journal_seq = store._journal.last_seq() if store._journal else 0
-    return store
+        next_segment = max([s.number for s in old.segments] + [0]) + 1
+    # rows journalled against the index this store replaces die with it at save()
+    journal = Journal.open_existing(directory, dim) if directory.is_dir() else None
+    state.replacing(base, next_segment, journal, source, quantizer_dirty=quantizer is not None)
+    return state
 
 
 def files_in_the_way(directory: Path, model_path: Path | None) -> list[str]:
@@ -271,7 +279,7 @@ def _first_save_leftover(path: Path, model_path: Path | None) -> bool:
 
 
 def open_store(
-    cls: type[IndexStore],
+    wrap: Callable[[StoreState], S],
     directory: Path,
     *,
     fingerprint: str | None,
@@ -279,9 +287,10 @@ def open_store(
     gpu: str,
     journal: bool,
     verify: bool,
-) -> IndexStore:
-    """`IndexStore.open`: the committed generation, its journal replayed. Retried when
-    a writer commits a new generation while this one is being opened."""
+) -> S:
+    """`IndexStore.open`: the committed generation, wrapped by `wrap` (the store class),
+    its journal replayed. Retried when a writer commits a new generation while this
+    one is being opened."""
     check_gpu_mode(gpu)
     for attempt in range(_OPEN_RETRIES):
         manifest = mf.read_manifest(directory)
@@ -290,12 +299,14 @@ def open_store(
             if manifest.format_version == mf.LEGACY_FORMAT_VERSION:
                 if journal:
                     raise StoreError(legacy_message(directory))
-                store = open_legacy(cls, directory, manifest, gpu)
+                state = open_legacy(directory, manifest, gpu)
+                store = wrap(state)
             else:
-                store = load(cls, directory, manifest, gpu)
+                state = load(directory, manifest, gpu)
+                store = wrap(state)
                 if verify:
                     store.verify()
-            attach_journal(store, create=journal)
+            attach_journal(store, state, create=journal)
             return store
         except StoreError:
             moved_on = mf.committed_generation(directory) != manifest.generation

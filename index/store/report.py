@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import manifest as mf
-
-if TYPE_CHECKING:
-    from .core import IndexStore
+from .store_state import StoreState
 
 
-def store_info(store: IndexStore) -> dict[str, Any]:
-    """A manifest-like summary of `store` (see `IndexStore.info`)."""
-    with store._lock:
-        committed = store._committed
+def store_info(state: StoreState) -> dict[str, Any]:
+    """A manifest-like summary of the store `state` holds (see `IndexStore.info`)."""
+    with state.lock:
+        committed = state.committed
         files = committed.listed_files() if committed else {}
         if committed and committed.model and committed.model.checksum:
             files[committed.model.file] = committed.model.checksum
@@ -26,36 +24,36 @@ def store_info(store: IndexStore) -> dict[str, Any]:
                 **({"dba": True} if s.dba else {}),
                 **({"damaged": s.damaged} if s.damaged else {}),
             }
-            for s in store._sealed
+            for s in state.sealed
         ]
         return {
-            "directory": str(store.directory),
-            "format_version": store.format_version,
+            "directory": str(state.directory),
+            "format_version": state.format_version,
             "generation": committed.generation if committed else None,
-            "count": len(store),
-            "deleted": sum(len(s.tombstones) for s in store._segments()),
-            "factory": store.factory,
-            "dim": store.dim,
+            "count": state.live_count(),
+            "deleted": sum(len(s.tombstones) for s in state.segments()),
+            "factory": state.factory,
+            "dim": state.dim,
             "metric": mf.METRIC,
-            "fingerprint": store.fingerprint,
-            "model_file": str(store.model_path) if store.model_path else None,
-            "trained": store._template.is_trained,
-            "search_params": store.search_params(),
-            "filter_fields": store.filter_fields.to_json(),
+            "fingerprint": state.fingerprint,
+            "model_file": str(state.model_path) if state.model_path else None,
+            "trained": state.template.is_trained,
+            "search_params": state.search_params(),
+            "filter_fields": state.filter_fields.to_json(),
             "dba": None
-            if store.dba is None
+            if state.dba is None
             else {
-                "neighbours": store.dba[0],
-                "alpha": store.dba[1],
-                "live_items_with_dba": sum(s.live_count for s in store._sealed if s.dba),
+                "neighbours": state.dba[0],
+                "alpha": state.dba[1],
+                "live_items_with_dba": sum(s.live_count for s in state.sealed if s.dba),
             },
-            "gpu": store._growing.vectors.gpu_in_use,
+            "gpu": state.growing.vectors.gpu_in_use,
             "segments": segments,
-            "growing": store._growing.live_count + sum(s.live_count for s in store._sealing),
+            "growing": state.growing.live_count + sum(s.live_count for s in state.sealing),
             "bytes_on_disk": sum(entry.bytes for entry in files.values()),
             "files": {name: entry.to_json() for name, entry in files.items()},
-            "unsaved_changes": store._dirty or store._model_source is not None,
-            "journal_pending": store.journal_pending,
-            "created": store._created,
+            "unsaved_changes": state.unsaved_changes,
+            "journal_pending": state.journal_pending,
+            "created": state.created,
             "updated": committed.updated if committed else None,
         }

@@ -11,7 +11,7 @@ a widened FAISS search with the filter as an ID selector).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -22,10 +22,8 @@ from .filters import Filter, parse_filter
 from .memory_segment import hit
 from .request import Query, Ranked
 from .segment_contract import Segment
+from .store_state import StoreState
 from .vectors import exact_top_k
-
-if TYPE_CHECKING:
-    from .core import IndexStore
 
 
 def as_filter(raw: Filter | Mapping[str, Any] | None, label: str | None) -> Filter | None:
@@ -34,22 +32,22 @@ def as_filter(raw: Filter | Mapping[str, Any] | None, label: str | None) -> Filt
     return filtering.with_label(parsed, label)
 
 
-def ranked_search(store: IndexStore, query: Query) -> Ranked:
+def ranked_search(state: StoreState, query: Query) -> Ranked:
     """`IndexStore.search`, each hit with its item id (what orders equal scores); k,
     the label and the filter were checked when `query` was made (request.py)."""
     k, exclude_keys, augmented = query.k, query.where.exclude_keys, query.where.augmented
-    if augmented and store.dba is None:
+    if augmented and state.dba is None:
         how = "compute them with `vitrieval-index configure {} --dba`"
         raise StoreError(
-            f"{store.directory} has no DBA vectors: {how.format(store.directory)}",
+            f"{state.directory} has no DBA vectors: {how.format(state.directory)}",
             public=f"this index has no DBA vectors: {how.format('INDEX')}",
         )
-    q = as_matrix(query.vectors, store.dim, "queries")
+    q = as_matrix(query.vectors, state.dim, "queries")
     flt = query.where.allowed
     merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
-    with store._lock:
-        excluded = store._locate(list(exclude_keys)) if exclude_keys else []
-        for segment in store._serving():
+    with state.lock:
+        excluded = state.locate(list(exclude_keys)) if exclude_keys else []
+        for segment in state.serving():
             if segment.live_count == 0:
                 continue
             blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
@@ -136,19 +134,19 @@ def labelled_ids_allowed(segment: Segment, flt: Filter | None, ids: np.ndarray) 
 
 
 def labelled_items(
-    store: IndexStore, limit: int | None, filter: Filter | Mapping[str, Any] | None
+    state: StoreState, limit: int | None, filter: Filter | Mapping[str, Any] | None
 ) -> tuple[list[str], list[str], np.ndarray]:
     """`IndexStore.labelled_items`: the labelled items a filter allows, in id order."""
     flt = as_filter(filter, None)
-    with store._lock:
-        segments = store._serving()
+    with state.lock:
+        segments = state.serving()
         if flt is None:
             n = sum(s.count_labelled() for s in segments)
         else:
             n = sum(int(labelled_ids_allowed(s, flt, s.labelled_ids()).sum()) for s in segments)
         if limit is not None and n > limit:
             raise StoreError(f"the index holds {n} labelled items, more than the {limit} allowed")
-        parts = [s.labelled(store.dim) for s in segments]
+        parts = [s.labelled(state.dim) for s in segments]
         if flt is not None:
             parts = [
                 _masked(p, labelled_ids_allowed(s, flt, p[0]))
@@ -158,7 +156,7 @@ def labelled_items(
     order = np.argsort(ids, kind="stable")
     keys = [k for p in parts for k in p[1]]
     labels = [label for p in parts for label in p[2]]
-    vectors = np.concatenate([p[3] for p in parts]).reshape(-1, store.dim)
+    vectors = np.concatenate([p[3] for p in parts]).reshape(-1, state.dim)
     return [keys[i] for i in order], [labels[i] for i in order], vectors[order]
 
 

@@ -13,11 +13,9 @@ def upgrade(directory: str | Path) -> tuple[int, int]:
     items). Journalled mutations are replayed and included. A no-op for format 2."""
     store = IndexStore.open(directory)
     try:
-        if not store._legacy:
+        if store.format_version != mf.LEGACY_FORMAT_VERSION:
             return mf.FORMAT_VERSION, len(store)
-        store._legacy = False
-        store._dirty = True
-        store._quantizer_dirty = store._trainable
+        store.upgrade_format()
         store.save()
         return mf.LEGACY_FORMAT_VERSION, len(store)
     finally:
