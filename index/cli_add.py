@@ -8,13 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .cli_common import add_runtime_options
+from .cli_types import Subcommands
 from .datasets import Item
 
 BuildFunction = Callable[[argparse.Namespace, "list[Item] | None"], int]
 """What `add` runs once its items are known: `build` into the existing index."""
 
 
-def add_add_command(sub: argparse._SubParsersAction, build: BuildFunction) -> None:
+def add_add_command(sub: Subcommands, build: BuildFunction) -> None:
     """The `add` subcommand; `build(args, items)` does the work (index.cli's build)."""
     add = sub.add_parser(
         "add",

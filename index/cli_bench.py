@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from .cli_common import add_runtime_options, embedder_from_args
+from .cli_types import Subcommands
 from .datasets import DatasetError
 from .rerank import (
     DEFAULT_AQE_ALPHA,
@@ -18,7 +19,7 @@ from .rerank import (
 )
 
 
-def add_bench_command(sub: argparse._SubParsersAction) -> None:
+def add_bench_command(sub: Subcommands) -> None:
     bench = sub.add_parser("bench", help="embed, index and evaluate a labelled set")
     bench.add_argument("--model", required=True)
     bench.add_argument(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .cli_types import Subcommands
 from .rerank import DEFAULT_DBA_ALPHA, DEFAULT_DBA_NEIGHBOURS
 
 ALL_FIELDS_WORD = "all"
@@ -44,7 +45,7 @@ def add_index_settings(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_configure_command(sub: argparse._SubParsersAction) -> None:
+def add_configure_command(sub: Subcommands) -> None:
     configure = sub.add_parser(
         "configure", help="set an index's filter fields and DBA, rewriting it once"
     )

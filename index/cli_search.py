@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .cli_common import add_runtime_options, embedder_from_args, open_index_with_model
+from .cli_types import Subcommands
 from .fusion import FUSIONS
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
 
@@ -26,7 +27,7 @@ NEAREST_FOR_KEYS = 100
 nearest, unfiltered): a misspelt key matches nothing, and says nothing on its own."""
 
 
-def add_search_command(sub: argparse._SubParsersAction) -> None:
+def add_search_command(sub: Subcommands) -> None:
     search = sub.add_parser("search", help="top-k neighbours of query images")
     search.add_argument("index")
     search.add_argument("images", nargs="+", help="query image files")

@@ -155,7 +155,7 @@ class ServiceState:
             follower=follower,
         )
         try:
-            state.self_check = state._self_check()
+            state.self_check = self_check(state.embedder, state.store.dim)
         except (ImageDecodeError, ValueError, RuntimeError) as exc:
             state.close()
             raise StartupError(f"self-check failed: {exc}") from None
@@ -166,9 +166,6 @@ class ServiceState:
             lambda: len(state.current_store().damaged_segments()),
         )
         return state
-
-    def _self_check(self) -> dict[str, Any]:
-        return self_check(self.embedder, self.store.dim)
 
     # -- the query pipeline --------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from index.atomic import atomic_path, atomic_write_text
+from index.cli_types import Subcommands
 from index.datasets import Item, load_dataset
 from index.metrics import isotropy_score, retrieval_metrics
 
@@ -355,7 +356,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
+def add_analyze_parser(sub: Subcommands) -> None:
     """The `analyze` subcommand of vitrieval-train."""
     p = sub.add_parser(
         "analyze",

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from index.atomic import atomic_write_text
+from index.cli_types import ArgumentAdder
 
 from .options import LOSSES, POOLINGS, FlagOption, flag_options
 from .threads import MAX_AUTO_THREADS, THREADS_AUTO, normal_threads, resolve_threads
@@ -379,7 +380,7 @@ def _field_type(tp: Any) -> tuple[type, bool]:
 
 
 def add_config_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    parser: ArgumentAdder,
     cls: type = FitConfig,
     only: tuple[str, ...] | None = None,
 ) -> None:
