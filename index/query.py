@@ -112,28 +112,15 @@ async def search_fused(
     return rows[0] if len(rows) == 1 else merge_max(rows, k)
 
 
-def search_store(
-    store: Any,
-    queries: np.ndarray,
-    k: int,
-    *,
-    where: Where | None = None,
-    rerank: AQE | None = None,
-) -> Ranked:
-    """`search` on an opened store, for synchronous callers (the command line)."""
-    return asyncio.run(search(LocalIndex(store), queries, k, where=where, rerank=rerank))
+def search_store(store: Any, queries: np.ndarray, k: int, **options: Any) -> Ranked:
+    """`search` (its `where` and `rerank` options) on an opened store, for synchronous
+    callers (the command line)."""
+    return asyncio.run(search(LocalIndex(store), queries, k, **options))
 
 
 def search_store_fused(
-    store: Any,
-    vectors: np.ndarray,
-    k: int,
-    *,
-    fusion: Fusion = DEFAULT_FUSION,
-    where: Where | None = None,
-    rerank: AQE | None = None,
+    store: Any, vectors: np.ndarray, k: int, **options: Any
 ) -> list[tuple[int, Hit]]:
-    """`search_fused` on an opened store, for synchronous callers."""
-    return asyncio.run(
-        search_fused(LocalIndex(store), vectors, k, fusion=fusion, where=where, rerank=rerank)
-    )
+    """`search_fused` (its `fusion`, `where` and `rerank` options) on an opened store,
+    for synchronous callers."""
+    return asyncio.run(search_fused(LocalIndex(store), vectors, k, **options))

@@ -118,17 +118,11 @@ class RemoteIndex:
         )
         return in_key_order(len(keys), owned, answers)
 
-    async def add(
-        self,
-        keys: Sequence[str],
-        vectors: np.ndarray,
-        *,
-        labels: Sequence[str | None],
-        paths: Sequence[str | None],
-        metadata: Sequence[dict | None],
-        replace: bool,
-    ) -> None:
+    async def add(self, keys: Sequence[str], vectors: np.ndarray, **columns: Any) -> None:
+        """`Index.add`: each item to the writer of the shard that owns its key, numbered
+        across the shards (`columns`: labels, paths, metadata, replace)."""
         keys = list(keys)
+        labels, paths, metadata = columns["labels"], columns["paths"], columns["metadata"]
         owned = split_by_shard(keys, len(self.shards))
         async with self._writing:
             ids = None
@@ -152,7 +146,7 @@ class RemoteIndex:
                             [labels[i] for i in at],
                             [paths[i] for i in at],
                             [metadata[i] for i in at],
-                            replace,
+                            columns["replace"],
                             None if ids is None else ids[at],
                         ),
                         f"index shard {n}",

@@ -57,18 +57,11 @@ class ShardedStore:
         self._next_id = max(s.next_id for s in shards)
 
     @classmethod
-    def open(
-        cls,
-        directory: str | os.PathLike[str],
-        *,
-        fingerprint: str | None = None,
-        dim: int | None = None,
-        gpu: str = "auto",
-        journal: bool = False,
-        verify: bool = False,
-    ) -> ShardedStore:
-        """Open every shard of `directory` (the arguments as for `IndexStore.open`, given
-        to each shard; shard 0 verifies the model copy in full, as any store does)."""
+    def open(cls, directory: str | os.PathLike[str], **options: Any) -> ShardedStore:
+        """Open every shard of `directory`: `options` as for `IndexStore.open`, given to
+        each shard (shard 0 verifies the model copy in full, as any store does); the
+        fingerprint and dim asked for are checked against shards.json first."""
+        fingerprint, dim = options.pop("fingerprint", None), options.pop("dim", None)
         directory = Path(directory)
         manifest = read_shards_manifest(directory)
         if dim is not None and dim != manifest.dim:
@@ -85,12 +78,7 @@ class ShardedStore:
         try:
             for name in manifest.shards:
                 shard = IndexStore.open(
-                    directory / name,
-                    fingerprint=manifest.fingerprint,
-                    dim=manifest.dim,
-                    gpu=gpu,
-                    journal=journal,
-                    verify=verify,
+                    directory / name, fingerprint=manifest.fingerprint, dim=manifest.dim, **options
                 )
                 shards.append(shard)
                 if shard.factory != manifest.factory:
