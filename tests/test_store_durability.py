@@ -176,6 +176,21 @@ def test_an_open_keeps_its_generation_when_a_merge_lands_meanwhile(
     assert writer.info()["generation"] == 4 and len(writer) == 149
 
 
+def test_an_open_store_keeps_its_files_while_a_writer_merges(saved_index: Path) -> None:
+    import gc
+
+    reader = IndexStore.open(saved_index)
+    gc.collect()  # a lease the open did not keep would be closed, and its flock gone
+    writer = IndexStore.open(saved_index)
+    writer.remove([str(i) for i in range(50)])
+    writer.save()  # segment 1 is rewritten as segment 2; the reader still reads 1
+    assert (saved_index / "seg.1.faiss").exists()
+    reader.verify()  # every file it reads is still there
+    assert len(reader) == 200 and "5" in reader
+    reader.close()
+    writer.close()
+
+
 @pytest.mark.parametrize("factory", ["Flat", "HNSW16"])
 def test_searches_run_safely_during_adds_and_removes(tmp_path: Path, factory: str) -> None:
     x = unit_vectors(np.random.default_rng(21), 400)

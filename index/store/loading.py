@@ -138,6 +138,7 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
         sealed=sealed,
         filter_fields=FieldSelection(manifest.filter_fields),
         dba=manifest.dba,
+        lease=lease,  # held while the state reads these files: a writer keeps them
     )
     for name, value in manifest.search_params.items():
         if name not in TUNABLE_PARAMS:
