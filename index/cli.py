@@ -19,6 +19,7 @@ from .cli_bench import add_bench_command
 from .cli_common import (
     add_ray_options,
     add_runtime_options,
+    add_verbose_option,
     embedder_from_args,
     open_index_with_model,
 )
@@ -348,12 +349,16 @@ def _repair_journals(index: str) -> None:
 
 def _upgrade(args: argparse.Namespace) -> int:
     from .store import upgrade
+    from .store.manifest import FORMAT_VERSION
 
     found, items = upgrade(args.index)
-    if found == 2:
-        print(f"{args.index} is already in format 2; nothing to do")
+    if found == FORMAT_VERSION:
+        print(f"{args.index} is already in format {FORMAT_VERSION}; nothing to do")
     else:
-        print(f"{args.index}: converted from format {found} to format 2 ({items} items)")
+        print(
+            f"{args.index}: converted from format {found} to format {FORMAT_VERSION} "
+            f"({items} items)"
+        )
     return 0
 
 
@@ -399,7 +404,6 @@ def _optimize(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitrieval-index", description=__doc__.splitlines()[0])
-    _global_options(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     build = sub.add_parser("build", help="embed images into a new or existing index")
@@ -485,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(handler=_verify)
 
     upgrade = sub.add_parser(
-        "upgrade", help="convert an index of format 1 to format 2 (segments), in place"
+        "upgrade", help="convert an index of format 1 or 2 to format 3, in place"
     )
     upgrade.add_argument("index")
     upgrade.set_defaults(handler=_upgrade)
@@ -535,21 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     optimize.add_argument("--out", required=True, help="path of the optimised .onnx to write")
     optimize.set_defaults(handler=_optimize)
 
-    for command in sub.choices.values():
-        # after the command too; SUPPRESS keeps a flag given before it
-        _global_options(command, default=argparse.SUPPRESS)
+    verbose_help = "log which devices are used (before or after the command)"
+    add_verbose_option(parser, sub.choices.values(), help=verbose_help)
     return parser
-
-
-def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
-    """Options of every command, accepted before and after the command name."""
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        default=default,
-        help="log which devices are used (before or after the command)",
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

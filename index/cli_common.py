@@ -4,12 +4,24 @@ they build from them."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 
 
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--batch-size", type=int, default=64, help="images per model call")
+
+
+def add_verbose_option(
+    parser: argparse.ArgumentParser, commands: Iterable[argparse.ArgumentParser], help: str
+) -> None:
+    """-v/--verbose on `parser` and on each of its `commands`, so that it is accepted
+    before and after the command name (`vitrieval-index` and `vitrieval-train`)."""
+    targets = [(parser, False)] + [(command, argparse.SUPPRESS) for command in commands]
+    for target, default in targets:
+        # after the command too; SUPPRESS keeps a flag given before it
+        target.add_argument("-v", "--verbose", action="store_true", default=default, help=help)
 
 
 def embedder_from_args(model: Path, args: argparse.Namespace):

@@ -16,6 +16,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from index.cli_common import add_verbose_option
+
 # Parsing the command line (and --help) imports no torch or timm: the modules that do
 # are imported inside the commands, so `vitrieval-train --help` answers at once.
 from .config import (
@@ -350,23 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .analyze import add_analyze_parser
 
     add_analyze_parser(sub)
-    _global_options(parser, default=False)
-    for command in sub.choices.values():
-        # after the command too; SUPPRESS keeps a flag given before it
-        _global_options(command, default=argparse.SUPPRESS)
-    return parser
-
-
-def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
-    """Options of every command, accepted before and after the command name."""
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        default=default,
+    add_verbose_option(
+        parser,
+        sub.choices.values(),
         help="also log the libraries' INFO lines (ONNX Runtime, FAISS) and vitrieval's "
         "debug lines (before or after the command)",
     )
+    return parser
 
 
 class _StdoutHandler(logging.StreamHandler):
