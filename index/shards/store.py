@@ -21,7 +21,7 @@ import numpy as np
 
 from ..store import Hit, IndexStore, ItemRecord, KeyExistsError, StoreError
 from ..store import manifest as mf
-from ..store.checks import as_matrix, check_keys, check_unit, metadata_column, text_column
+from ..store.checks import as_matrix, checked_items
 from ..store.errors import DamagedIndexError
 from ..store.fields import FieldSelection
 from ..store.filters import Filter, parse_filter
@@ -185,27 +185,15 @@ class ShardedStore:
     # -- mutations ---------------------------------------------------------------------
 
     def add(
-        self,
-        keys: Sequence[str],
-        vectors: np.ndarray,
-        *,
-        labels: Sequence[str | None] | None = None,
-        paths: Sequence[str | os.PathLike[str] | None] | None = None,
-        metadata: Sequence[dict | None] | None = None,
-        replace: bool = False,
+        self, keys: Sequence[str], vectors: np.ndarray, *, replace: bool = False, **columns: Any
     ) -> None:
-        """`IndexStore.add`, each item to the shard that owns its key.
+        """`IndexStore.add` (`columns`: its labels, paths and metadata), each item to the
+        shard that owns its key.
 
         Everything a caller can get wrong (vectors, columns, a key already present
         without `replace`, a damaged shard) is checked before any shard changes."""
-        keys = check_keys(keys)
-        x = as_matrix(vectors, self.dim, "vectors")
-        if len(x) != len(keys):
-            raise StoreError(f"{len(keys)} keys but {len(x)} vectors")
-        check_unit(x)
-        labels_ = text_column(labels, len(keys), "labels")
-        paths_ = text_column(paths, len(keys), "paths")
-        metadata_column(metadata, len(keys))  # checked here, converted by the shard
+        keys, x, labels_, paths_, _ = checked_items(keys, vectors, self.dim, **columns)
+        metadata = columns.get("metadata")  # checked above, converted by the shard
         metadata_ = list(metadata) if metadata is not None else [None] * len(keys)
         if not keys:
             return

@@ -142,9 +142,9 @@ def checked_items(
     keys: Sequence[str],
     vectors: Any,
     dim: int,
-    labels: Sequence[Any] | None,
-    paths: Sequence[Any] | None,
-    metadata: Sequence[Any] | None,
+    labels: Sequence[Any] | None = None,
+    paths: Sequence[Any] | None = None,
+    metadata: Sequence[Any] | None = None,
 ) -> tuple[list[str], np.ndarray, list[str | None], list[str | None], list[str]]:
     """Everything an add checks before it changes anything: (keys, float32 (n, dim)
     unit vectors, labels, paths, metadata JSON texts). The journal's repair asks the
