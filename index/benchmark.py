@@ -59,14 +59,22 @@ def _embed(
     embedder: Embedder, items: Sequence[Item], what: str
 ) -> tuple[np.ndarray, list, int, float]:
     """(embeddings, labels, unreadable count, images/s); an error if none is readable."""
-    started = time.perf_counter()
-    result = embedder.embed_items(items, progress=True)
-    seconds = time.perf_counter() - started
+    result, seconds, _ = _timed_embed(embedder, items)
     if not result.indices:
         first = f" (first: {result.errors[0][1]})" if result.errors else ""
         raise DatasetError(f"none of the {len(items)} {what} images could be read{first}")
     labels = [items[i].label for i in result.indices]
     return result.embeddings, labels, len(result.errors), len(items) / max(seconds, 1e-9)
+
+
+def _timed_embed(embedder: Embedder, items: Sequence[Item]) -> tuple[EmbedResult, float, float]:
+    """`embedder.embed_items(items)` with the seconds it took, in all and in the model
+    (0 for an embedder that does not count its `model_seconds`)."""
+    model_before = getattr(embedder, "model_seconds", 0.0)
+    started = time.perf_counter()
+    result = embedder.embed_items(items, progress=True)
+    seconds = time.perf_counter() - started
+    return result, seconds, getattr(embedder, "model_seconds", 0.0) - model_before
 
 
 def _exact_top_k(
@@ -257,11 +265,7 @@ def run_copy_detection(
     if relevant not in RELEVANT_MODES:
         raise ValueError(f"relevant must be one of {RELEVANT_MODES}; got {relevant!r}")
     gallery = [*photos, *distractors]
-    model_before = getattr(embedder, "model_seconds", 0.0)
-    started = time.perf_counter()
-    embedded = embedder.embed_items(gallery, progress=True)
-    gallery_seconds = time.perf_counter() - started
-    gallery_model = getattr(embedder, "model_seconds", 0.0) - model_before
+    embedded, gallery_seconds, gallery_model = _timed_embed(embedder, gallery)
     embed_rate = len(gallery) / max(gallery_seconds, 1e-9)
     unreadable = [
         {"key": str(gallery[pos].path or gallery[pos].key), "reason": reason}
@@ -276,11 +280,7 @@ def run_copy_detection(
 
     session = CopySession(per_image, save_copies)
     queries = copy_queries([photos[p] for p in originals], per_image, seed, kinds, session)
-    model_before = getattr(embedder, "model_seconds", 0.0)
-    started = time.perf_counter()
-    made = embedder.embed_items(queries, progress=True)
-    copies_seconds = time.perf_counter() - started
-    copies_model = getattr(embedder, "model_seconds", 0.0) - model_before
+    made, copies_seconds, copies_model = _timed_embed(embedder, queries)
     query_rate = len(queries) / max(copies_seconds, 1e-9)
     # a photo decoded for the gallery should decode again; if not, say so, do not crash
     unreadable += [{"key": queries[pos].key, "reason": reason} for pos, reason in made.errors]

@@ -54,6 +54,14 @@ class BuildReport:
     images_per_s: float = 0.0
     index_size: int = 0
 
+    def finish(self, out: Path, index_size: int, started: float) -> None:
+        """Record the build's time since `started` (a perf_counter reading), its rate and
+        the index's size, and write the report to out/REPORT_FILE."""
+        self.seconds = time.perf_counter() - started
+        self.images_per_s = self.indexed / self.seconds if self.seconds else 0.0
+        self.index_size = index_size
+        atomic_write_text(out / REPORT_FILE, json.dumps(asdict(self), indent=2))
+
     def summary(self, out: Path, unit: str = "images", origin: str = "") -> str:
         """The command's last line; `unit`: images or embeddings, `origin`: " from X"."""
         failed = len(self.failed)
@@ -178,10 +186,7 @@ def build_index(
         finally:
             bar.close()
     store.save()  # also leaves a valid, empty index when there was nothing to add
-    report.seconds = time.perf_counter() - started
-    report.images_per_s = report.indexed / report.seconds if report.seconds else 0.0
-    report.index_size = len(store)
-    atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
+    report.finish(out, len(store), started)
     return report
 
 
@@ -272,10 +277,7 @@ def build_from_embeddings(
     finally:
         bar.close()
     store.save()
-    report.seconds = time.perf_counter() - started
-    report.images_per_s = report.indexed / report.seconds if report.seconds else 0.0
-    report.index_size = len(store)
-    atomic_write_text(out / REPORT_FILE, json.dumps(asdict(report), indent=2))
+    report.finish(out, len(store), started)
     return report
 
 

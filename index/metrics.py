@@ -86,6 +86,7 @@ import math
 import numbers
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -233,10 +234,7 @@ def retrieval_metrics(
     embeddings: np.ndarray,
     labels: Sequence | np.ndarray,
     ks: Sequence[int] = (1, 2, 4, 8),
-    *,
-    gallery_embeddings: np.ndarray | None = None,
-    gallery_labels: Sequence | np.ndarray | None = None,
-    chunk_size: int = 1024,
+    **options: Any,
 ) -> dict[str, float | int]:
     """Evaluate retrieval: leave-one-out within `embeddings`, or queries against a gallery.
 
@@ -245,11 +243,12 @@ def retrieval_metrics(
             is the inner product; nothing is renormalised here).
         labels: (Nq,) query labels, ints or strings, compared by equality.
         ks: the cut-offs K for ``recall@K`` and ``precision@K`` (positive ints).
-        gallery_embeddings: (Ng, D) float gallery embeddings. Omitted: leave-one-out,
-            each query is ranked against the other Nq - 1 queries.
-        gallery_labels: (Ng,) gallery labels; required with `gallery_embeddings`.
-        chunk_size: queries scored per block; peak memory is about
-            4 * chunk_size * Ng bytes.
+        options: keyword-only, those of `query_metrics` (whose result this averages):
+            gallery_embeddings: (Ng, D) float gallery embeddings. Omitted:
+                leave-one-out, each query is ranked against the other Nq - 1 queries.
+            gallery_labels: (Ng,) gallery labels; required with `gallery_embeddings`.
+            chunk_size: queries scored per block (default 1024); peak memory is about
+                4 * chunk_size * Ng bytes.
 
     Returns:
         ``recall@K`` and ``precision@K`` for each K, ``map``, ``map_at_r``,
@@ -264,14 +263,7 @@ def retrieval_metrics(
             without labels (or labels without a gallery), ks that are not positive
             ints, or a chunk_size that is not a positive int.
     """
-    return query_metrics(
-        embeddings,
-        labels,
-        ks,
-        gallery_embeddings=gallery_embeddings,
-        gallery_labels=gallery_labels,
-        chunk_size=chunk_size,
-    ).summary()
+    return query_metrics(embeddings, labels, ks, **options).summary()
 
 
 def query_metrics(
