@@ -26,7 +26,6 @@ rewrite ("attention-fusion").
 from __future__ import annotations
 
 import json
-import os
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -36,8 +35,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .atomic import fsync_dir
 from .model_metadata import PREFIX, read_model_metadata
+from .onnx_files import publish, save_onnx
 
 SCHEME = "attention-fusion"
 OPTIMIZATION_KEY = PREFIX + "optimization"
@@ -123,20 +122,11 @@ def optimize_model(
         mode = stat.S_IMODE(staged.stat().st_mode)
         if data_name:
             size += (Path(work) / data_name).stat().st_size
-            _publish(Path(work) / data_name, dst.with_name(data_name), mode)
-        _publish(staged, dst, mode)
-    from .quantize import model_bytes
+            publish(Path(work) / data_name, dst.with_name(data_name), mode)
+        publish(staged, dst, mode)
+    from .quantize import rewrite_figures
 
-    return OptimizeReport(
-        src=src,
-        dst=dst,
-        fused=fused,
-        bytes_before=model_bytes(src),
-        bytes_after=size,
-        mean_cosine=float(cosines.mean()),
-        min_cosine=float(cosines.min()),
-        n_check_images=len(images),
-    )
+    return OptimizeReport(src=src, dst=dst, fused=fused, **rewrite_figures(src, size, cosines))
 
 
 def fuse_attention(model) -> int:
@@ -399,31 +389,10 @@ def _parent(path: Path) -> Path:
 def _save(proto, path: Path) -> str | None:
     """Save `proto` to `path`; weights too big for one file go to `NAME.data` beside it
     (returns that name, else None)."""
-    import onnx
-
     weights = sum(t.ByteSize() for t in proto.graph.initializer)
-    if weights <= EXTERNAL_DATA_THRESHOLD:
-        onnx.save(proto, str(path))
-        return None
-    data_name = path.name + ".data"
-    onnx.save(
-        proto,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=data_name,
-        size_threshold=1024,
-    )
+    data_name = path.name + ".data" if weights > EXTERNAL_DATA_THRESHOLD else None
+    save_onnx(proto, path, data_name)
     return data_name
-
-
-def _publish(staged: Path, target: Path, mode: int) -> None:
-    """Move a finished file into place durably, with the permission bits `mode`."""
-    with open(staged, "rb+") as fh:
-        os.fchmod(fh.fileno(), mode)
-        os.fsync(fh.fileno())
-    os.replace(staged, target)
-    fsync_dir(target.parent)
 
 
 __all__ = ["COSINE_FLOOR", "SCHEME", "OptimizeError", "OptimizeReport", "optimize_model"]

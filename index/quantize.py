@@ -45,6 +45,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -185,13 +186,22 @@ def quantize_model(
         scheme=scheme,
         source_fingerprint=meta.fingerprint,
         fingerprint=fingerprint,
-        bytes_before=model_bytes(src),
-        bytes_after=bytes_after,
-        mean_cosine=float(cosines.mean()),
-        min_cosine=float(cosines.min()),
-        n_check_images=len(images),
+        **rewrite_figures(src, bytes_after, cosines),
         check_source="given" if check_images is not None else "random",
     )
+
+
+def rewrite_figures(src: Path, bytes_after: int, cosines: np.ndarray) -> dict[str, Any]:
+    """The figures the reports of a model rewrite share (quantising, optimising): the
+    sizes of `src` and of the result, and the result's cosine agreement with `src` on
+    each check image (`cosines`)."""
+    return {
+        "bytes_before": model_bytes(src),
+        "bytes_after": bytes_after,
+        "mean_cosine": float(cosines.mean()),
+        "min_cosine": float(cosines.min()),
+        "n_check_images": len(cosines),
+    }
 
 
 def model_bytes(path: str | Path) -> int:

@@ -20,7 +20,6 @@ external data in `NAME.onnx.data` beside `NAME.onnx`; ONNX Runtime finds it ther
 from __future__ import annotations
 
 import json
-import os
 import stat
 import tempfile
 import warnings
@@ -32,8 +31,9 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from index.atomic import atomic_write_text, fsync_dir
+from index.atomic import atomic_write_text
 from index.model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata
+from index.onnx_files import publish, save_onnx
 from index.preprocess import Preprocessor
 
 from . import run_folder
@@ -136,8 +136,8 @@ def export_model(
         size = staged.stat().st_size + (staged_data.stat().st_size if external_data else 0)
         mode = stat.S_IMODE(staged.stat().st_mode)  # a plain open()'s: 0o666 less the umask
         if external_data:
-            _publish(staged_data, data_path, mode)  # onnx writes it owner-only
-        _publish(staged, out, mode)
+            publish(staged_data, data_path, mode)  # onnx writes it owner-only
+        publish(staged, out, mode)
     return ExportReport(out, meta, diffs, size, data_path if external_data else None)
 
 
@@ -169,28 +169,8 @@ def _write_onnx(
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     proto.doc_string = f"vitrieval embedding model: {meta.backbone} + {meta.pooling}"
-    if data_name is None:
-        onnx.save(proto, str(path))
-    else:
-        onnx.save(
-            proto,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=data_name,
-            size_threshold=1024,
-        )
+    save_onnx(proto, path, data_name)
     onnx.checker.check_model(str(path))  # by path: works past 2 GB too
-
-
-def _publish(staged: Path, target: Path, mode: int) -> None:
-    """Move a finished file into place durably (fsync, rename, fsync of the folder),
-    with the permission bits `mode`."""
-    with open(staged, "rb+") as fh:
-        os.fchmod(fh.fileno(), mode)
-        os.fsync(fh.fileno())
-    os.replace(staged, target)
-    fsync_dir(target.parent)
 
 
 def export_run(run: Path, out: Path, opset: int = 18, check: bool = True) -> ExportReport:
