@@ -35,10 +35,10 @@ import numpy as np
 
 from index.atomic import atomic_path, atomic_write_text
 from index.cli_types import Subcommands
-from index.datasets import Item, load_dataset
+from index.datasets import Item
 from index.metrics import isotropy_score, retrieval_metrics
 
-from .config import ConfigError, FitConfig
+from .config import ConfigError, FitConfig, dataset_split
 from .run_folder import CONFIG_FILE, RUN_MODEL_FILE, read_config, show_metric
 
 if TYPE_CHECKING:
@@ -97,15 +97,7 @@ def resolve_model(spec: str, name: str | None = None) -> ModelRef:
 
 
 def _held_out(args: argparse.Namespace, image_size: int) -> list[Item]:
-    split = load_dataset(
-        args.dataset,
-        args.data_root,
-        split=args.split,
-        test_fraction=args.test_fraction,
-        seed=args.seed,
-        image_size=image_size,
-        val=args.val,
-    )
+    split = dataset_split(args, image_size)
     items = list(split.test)
     if not items:
         raise AnalysisError(

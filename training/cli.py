@@ -11,7 +11,7 @@ import contextlib
 import logging
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from .run_folder import CONFIG_FILE, TrainingError
+    from .run_folder import CONFIG_FILE
 
     if args.list_backbones:
         from .backbones import backbone_listing
@@ -82,9 +82,17 @@ def _fit(args: argparse.Namespace) -> int:
     print(preparing_line("fit", cfg, args.resume))
     from .trainer import fit
 
+    return _run(fit, cfg, args.resume)
+
+
+def _run(train: Callable[..., object], cfg: Any, resume: bool) -> int:
+    """`train(cfg, resume=resume)` (fit or pretrain): if it fails, the run folder it
+    created goes (`removed_if_failed`) and a TrainingError is the user's (one line)."""
+    from .run_folder import TrainingError
+
     try:
         with removed_if_failed(cfg.out):
-            fit(cfg, resume=args.resume)
+            train(cfg, resume=resume)
     except TrainingError as exc:
         raise ConfigError(str(exc)) from None
     return 0
@@ -156,7 +164,7 @@ def _already_finished(cfg: Any, stage: str | None) -> bool:
 def _pretrain(args: argparse.Namespace) -> int:
     from .pretrain import pretrain
     from .pretrain_config import PretrainConfig
-    from .run_folder import PRETRAIN_FILE, TrainingError
+    from .run_folder import PRETRAIN_FILE
 
     if args.resume:
         cfg = _resumed_config(args, PretrainConfig, PRETRAIN_FILE)
@@ -165,12 +173,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     else:
         cfg = config_from_args(args, PretrainConfig)
     print(preparing_line("pretrain", cfg, args.resume))
-    try:
-        with removed_if_failed(cfg.out):
-            pretrain(cfg, resume=args.resume)
-    except TrainingError as exc:
-        raise ConfigError(str(exc)) from None
-    return 0
+    return _run(pretrain, cfg, args.resume)
 
 
 def _fit_recipe(args: argparse.Namespace) -> int:

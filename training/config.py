@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,6 +23,9 @@ from index.cli_types import ArgumentAdder
 
 from .options import LOSSES, POOLINGS, FlagOption, flag_options
 from .threads import MAX_AUTO_THREADS, THREADS_AUTO, normal_threads, resolve_threads
+
+if TYPE_CHECKING:  # index.datasets (numpy, PIL) is imported by the commands that read data
+    from index.datasets import Split
 
 
 class ConfigError(ValueError):
@@ -153,8 +156,18 @@ def decode_cache_dir_option() -> Any:
     )
 
 
+class TrainingConfig:
+    """Base of the training commands' configs (FitConfig, PretrainConfig), whose
+    `threads` is a `threads_option()` field: normalised on construction."""
+
+    threads: str | int
+
+    def __post_init__(self) -> None:
+        self.threads = normal_threads(self.threads)
+
+
 @dataclass
-class FitConfig:
+class FitConfig(TrainingConfig):
     """Everything `vitrieval-train fit` needs."""
 
     out: str = opt("run folder (created; holds config, metrics, checkpoints, plots)", "")
@@ -232,9 +245,6 @@ class FitConfig:
     threads: str | int = threads_option()
     seed: int = opt("random seed (data order, augmentation, initialisation)", 0)
     eval_batch_size: int = opt("images per step when embedding the held-out split", 256)
-
-    def __post_init__(self) -> None:
-        self.threads = normal_threads(self.threads)
 
     def resolved(self) -> FitConfig:
         """A copy with the derived defaults filled in."""
@@ -369,6 +379,22 @@ class FitConfig:
 
     def save(self, path: Path) -> None:
         atomic_write_text(path, yaml.safe_dump(asdict(self), sort_keys=False))
+
+
+def dataset_split(options: Any, image_size: int) -> Split:
+    """The split of the dataset `options` names in its dataset, data_root, split,
+    test_fraction, seed and val: a FitConfig, or the arguments of `analyze`."""
+    from index.datasets import load_dataset
+
+    return load_dataset(
+        options.dataset,
+        options.data_root,
+        split=options.split,
+        test_fraction=options.test_fraction,
+        seed=options.seed,
+        image_size=image_size,
+        val=options.val,
+    )
 
 
 def _field_type(tp: Any) -> tuple[type, bool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,13 +43,10 @@ def embed_items(
 
 
 def evaluate_retrieval(
-    model: torch.nn.Module,
-    items: Sequence[Item],
-    transform: Callable,
-    batch_size: int,
-    device: torch.device,
-    workers: int = 0,
+    model: torch.nn.Module, items: Sequence[Item], *embedding: Any
 ) -> dict[str, float]:
-    """Leave-one-out retrieval metrics within `items` (recall@K, map, map_at_r, r_precision)."""
-    embeddings = embed_items(model, items, transform, batch_size, device, workers)
+    """Leave-one-out retrieval metrics within `items` (recall@K, map, map_at_r,
+    r_precision); `embedding`: the rest of `embed_items`' arguments (transform,
+    batch_size, device, workers)."""
+    embeddings = embed_items(model, items, *embedding)
     return retrieval_metrics(embeddings, [item.label for item in items], ks=EVAL_KS)

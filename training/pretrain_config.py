@@ -20,6 +20,7 @@ from .config import (
     MAX_LOADER_WORKERS,
     ConfigError,
     FitConfig,
+    TrainingConfig,
     check_decode_cache,
     check_run_folder,
     decode_cache_dir_option,
@@ -34,7 +35,29 @@ from .options import (
     InfoNCEOptions,
     default_cross_view_negatives,
 )
-from .threads import normal_threads, resolve_threads
+from .threads import resolve_threads
+
+FIT_FIELDS_KEPT = (
+    "out",
+    "backbone",
+    "pretrained",
+    "drop_path",
+    "epochs",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "warmup_epochs",
+    "min_lr_ratio",
+    "clip_grad",
+    "crop_scale",
+    "hflip",
+    "device",
+    "amp",
+    "workers",
+    "threads",
+    "seed",
+)
+"""The options `embedding_config` hands on to the FitConfig as they are (same names)."""
 
 PRETRAIN_METHODS = ("densecl++", "simclr", "densecl")
 DENSE_WEIGHT = {"densecl++": 0.9, "densecl": 0.3, "simclr": 0.0}
@@ -51,7 +74,7 @@ def _dense_help(name: str) -> str:
 
 
 @dataclass
-class PretrainConfig:
+class PretrainConfig(TrainingConfig):
     """Everything `vitrieval-train pretrain` needs (saved as RUN/pretrain.yaml)."""
 
     out: str = opt("run folder (created; config, metrics, checkpoints, model weights)", "")
@@ -101,9 +124,6 @@ class PretrainConfig:
     decode_cache_dir: str | None = decode_cache_dir_option()
     threads: str | int = threads_option()
     seed: int = opt("random seed (data order, augmentation, negatives, initialisation)", 0)
-
-    def __post_init__(self) -> None:
-        self.threads = normal_threads(self.threads)
 
     def resolved(self) -> PretrainConfig:
         """A copy with the per-method defaults filled in."""
@@ -172,29 +192,12 @@ class PretrainConfig:
         """The embedding model as a FitConfig: what `export`, `analyze` and `fit --init`
         read from RUN/config.yaml."""
         return FitConfig(
-            out=self.out,
             dataset="folder",
             data_root=self.images,
-            backbone=self.backbone,
-            pretrained=self.pretrained,
             pool=self.global_pool,
-            drop_path=self.drop_path,
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
             layer_decay=1.0,
-            warmup_epochs=self.warmup_epochs,
-            min_lr_ratio=self.min_lr_ratio,
-            clip_grad=self.clip_grad,
-            crop_scale=self.crop_scale,
-            hflip=self.hflip,
             auto_augment=None,
-            device=self.device,
-            amp=self.amp,
-            workers=self.workers,
-            threads=self.threads,
-            seed=self.seed,
+            **{name: getattr(self, name) for name in FIT_FIELDS_KEPT},
         )
 
     def save(self, path: Path) -> None:

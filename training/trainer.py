@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from index.datasets import Split, load_dataset
+from index.datasets import Split
 
 from .amp import MixedPrecision
-from .config import LOSS_OPTIONS, FitConfig
+from .config import LOSS_OPTIONS, FitConfig, dataset_split
 from .data import (
     ImageDataset,
     build_transforms,
@@ -54,15 +54,7 @@ held-out items."""
 
 
 def load_split(cfg: FitConfig, image_size: int) -> Split:
-    split = load_dataset(
-        cfg.dataset,
-        cfg.data_root,
-        split=cfg.split,
-        test_fraction=cfg.test_fraction,
-        seed=cfg.seed,
-        image_size=image_size,
-        val=cfg.val,
-    )
+    split = dataset_split(cfg, image_size)
     if len(split.train_classes()) < 2:
         raise TrainingError(f"{split.name}: the training split needs at least 2 classes")
     return split
