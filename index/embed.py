@@ -119,16 +119,11 @@ def inputs_checksum(items: Sequence[Item]) -> str:
 
 
 def embed_to_folder(
-    items: Sequence[Item],
-    out: Path,
-    embedder: Embedder,
-    *,
-    part_size: int | None = None,
-    source: str | None = None,
-    progress: bool = True,
+    items: Sequence[Item], out: Path, embedder: Embedder, *, progress: bool = True, **options: Any
 ) -> EmbedReport:
-    """Embed `items` into the embeddings folder `out`, resuming a run that stopped."""
-    job = start_job(items, out, embedder, part_size=part_size, source=source)
+    """Embed `items` into the embeddings folder `out`, resuming a run that stopped
+    (`options`: `start_job`'s part_size and source)."""
+    job = start_job(items, out, embedder, **options)
     bar = job.progress_bar(progress)
     try:
         for number in job.todo:

@@ -204,6 +204,19 @@ class QueryMetrics:
     r_precision: np.ndarray
     counted: np.ndarray
 
+    @classmethod
+    def zeros(cls, ks: Sequence[int], n: int) -> QueryMetrics:
+        """Values for `n` queries, all 0 and none counted: `query_metrics` fills them in."""
+        return cls(
+            ks=tuple(ks),
+            first_rank=np.zeros(n, dtype=np.int64),
+            hits_at_k=np.zeros((n, len(ks)), dtype=np.int64),
+            ap=np.zeros(n),
+            map_at_r=np.zeros(n),
+            r_precision=np.zeros(n),
+            counted=np.zeros(n, dtype=bool),
+        )
+
     def summary(self, mask: np.ndarray | None = None) -> dict[str, float | int]:
         """`retrieval_metrics`' dict over the queries in `mask` (None: all of them)."""
         selected = np.ones_like(self.counted) if mask is None else np.asarray(mask, dtype=bool)
@@ -326,12 +339,7 @@ def query_metrics(
     by_class = np.argsort(g_codes, kind="stable")  # gallery indices grouped by class, ascending
     class_start = np.concatenate(([0], np.cumsum(np.bincount(g_codes, minlength=len(codes)))))
 
-    first_rank = np.zeros(n_q, dtype=np.int64)  # rank of the best relevant item
-    hits_at_k = np.zeros((n_q, len(k_list)), dtype=np.int64)  # relevant items in the top K
-    ap = np.zeros(n_q)
-    map_r = np.zeros(n_q)
-    r_prec = np.zeros(n_q)
-    counted = np.zeros(n_q, dtype=bool)
+    out = QueryMetrics.zeros(k_list, n_q)
     k_arr = np.asarray(k_list, dtype=np.int64)
 
     # One score block reused for every chunk, so peak memory does not double.
@@ -362,23 +370,14 @@ def query_metrics(
             ranks = _relevant_ranks(scores[r], rel)
             hit_no = np.arange(1, n_rel + 1)
             precision_at_hits = hit_no / ranks
-            counted[i] = True
-            first_rank[i] = ranks[0]
-            hits_at_k[i] = np.searchsorted(ranks, k_arr, side="right")
-            ap[i] = precision_at_hits.mean()
+            out.counted[i] = True
+            out.first_rank[i] = ranks[0]
+            out.hits_at_k[i] = np.searchsorted(ranks, k_arr, side="right")
+            out.ap[i] = precision_at_hits.mean()
             in_top_r = int(np.searchsorted(ranks, n_rel, side="right"))
-            r_prec[i] = in_top_r / n_rel
-            map_r[i] = precision_at_hits[:in_top_r].sum() / n_rel
-
-    return QueryMetrics(
-        ks=tuple(k_list),
-        first_rank=first_rank,
-        hits_at_k=hits_at_k,
-        ap=ap,
-        map_at_r=map_r,
-        r_precision=r_prec,
-        counted=counted,
-    )
+            out.r_precision[i] = in_top_r / n_rel
+            out.map_at_r[i] = precision_at_hits[:in_top_r].sum() / n_rel
+    return out
 
 
 def target_ranks(

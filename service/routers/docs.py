@@ -9,7 +9,8 @@ the HTML names no external host.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, partial
 from importlib.resources import files
 from pathlib import Path
 
@@ -48,20 +49,26 @@ def _favicon() -> bytes:
     return files("service").joinpath("static/favicon.svg").read_bytes()
 
 
-def _root(request: Request) -> str:
-    return request.scope.get("root_path", "").rstrip("/")
+def _docs_page(request: Request, render: Callable[..., HTMLResponse], **urls: str) -> HTMLResponse:
+    """The page `render` (FastAPI's Swagger UI or ReDoc) makes for this app; `urls`
+    are paths below the root path the service is mounted at, as the OpenAPI one is."""
+    root = request.scope.get("root_path", "").rstrip("/")
+    return render(
+        openapi_url=f"{root}{request.app.openapi_url}",
+        title=f"{request.app.title}: API",
+        **{name: f"{root}{path}" for name, path in urls.items()},
+    )
 
 
 @router.get(DOCS_URL)
 async def swagger_ui(request: Request) -> HTMLResponse:
-    root = _root(request)
-    return get_swagger_ui_html(
-        openapi_url=f"{root}{request.app.openapi_url}",
-        title=f"{request.app.title}: API",
-        swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
-        swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
-        swagger_favicon_url=f"{root}/favicon.svg",
-        oauth2_redirect_url=f"{root}{OAUTH2_REDIRECT_URL}",
+    return _docs_page(
+        request,
+        get_swagger_ui_html,
+        swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
+        swagger_css_url=f"{ASSETS_URL}/swagger-ui.css",
+        swagger_favicon_url="/favicon.svg",
+        oauth2_redirect_url=OAUTH2_REDIRECT_URL,
     )
 
 
@@ -72,13 +79,11 @@ async def swagger_ui_redirect() -> HTMLResponse:
 
 @router.get(REDOC_URL)
 async def redoc(request: Request) -> HTMLResponse:
-    root = _root(request)
-    return get_redoc_html(
-        openapi_url=f"{root}{request.app.openapi_url}",
-        title=f"{request.app.title}: API",
-        redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
-        redoc_favicon_url=f"{root}/favicon.svg",
-        with_google_fonts=False,
+    return _docs_page(
+        request,
+        partial(get_redoc_html, with_google_fonts=False),
+        redoc_js_url=f"{ASSETS_URL}/redoc.standalone.js",
+        redoc_favicon_url="/favicon.svg",
     )
 
 

@@ -84,6 +84,13 @@ def bilinear_features(
 class CodebookPooling(Pooling):
     """Shared part of C-CBP and JCF: reduction, codebook, soft assignment, pooling.
 
+    Args (of both):
+        in_dim: width of the patch tokens.
+        d: width of the reduced local features.
+        out_dim: D, the representation width.
+        codebook: N, the number of codewords.
+        scale: initial softmax scale s of the assignment (learnable; see module doc).
+
     Subclasses implement `second_order(x, h) -> (B, T, out_dim)` and
     `factorised_parameters()`.
     """
@@ -141,12 +148,7 @@ class CodebookPooling(Pooling):
 class CCBP(CodebookPooling):
     """C-CBP (eq. 10): patch tokens (B, T, in_dim) -> (B, out_dim), unit L2 norm.
 
-    Args:
-        in_dim: width of the patch tokens.
-        d: width of the reduced local features.
-        out_dim: D, the representation width.
-        codebook: N, the number of codewords.
-        scale: initial softmax scale s of the assignment (learnable; see module doc).
+    Args: those of CodebookPooling (in_dim, d, out_dim, codebook, scale).
 
     Defaults: CCBPOptions (training/options.py), the paper's sizes.
 

@@ -35,13 +35,8 @@ from .ccbp import CodebookPooling, bilinear_features
 class JCF(CodebookPooling):
     """JCF (eq. 13): patch tokens (B, T, in_dim) -> (B, out_dim), unit L2 norm.
 
-    Args:
-        in_dim: width of the patch tokens.
-        d: width of the reduced local features.
-        out_dim: D, the representation width.
-        codebook: N, the number of codewords.
+    Args: those of CodebookPooling (in_dim, d, out_dim, codebook, scale), and
         rank: R, the number of shared projectors.
-        scale: initial softmax scale s of the assignment (learnable).
 
     Defaults: JCFOptions (training/options.py), the paper's sizes.
 
