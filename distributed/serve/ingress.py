@@ -143,11 +143,11 @@ class RemoteIndex:
                         self.shards[n].add.remote(
                             [keys[i] for i in at],
                             vectors[at],
-                            [labels[i] for i in at],
-                            [paths[i] for i in at],
-                            [metadata[i] for i in at],
-                            columns["replace"],
-                            None if ids is None else ids[at],
+                            labels=[labels[i] for i in at],
+                            paths=[paths[i] for i in at],
+                            metadata=[metadata[i] for i in at],
+                            replace=columns["replace"],
+                            ids=None if ids is None else ids[at],
                         ),
                         f"index shard {n}",
                     )

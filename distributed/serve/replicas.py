@@ -279,28 +279,13 @@ class ShardReplica:
         return self.store.next_id
 
     async def add(
-        self,
-        keys: list[str],
-        vectors: np.ndarray,
-        labels: list[str | None],
-        paths: list[str | None],
-        metadata: list[dict | None],
-        replace: bool,
-        ids: np.ndarray | None,
+        self, keys: list[str], vectors: np.ndarray, **columns: Any
     ) -> StoreFailure | None:
-        """`IndexStore.add`, journalled before it returns."""
+        """`IndexStore.add` (`columns`: its labels, paths, metadata, replace and ids),
+        journalled before it returns."""
         self._ensure_background()
         try:
-            await asyncio.to_thread(
-                self.store.add,
-                keys,
-                vectors,
-                labels=labels,
-                paths=paths,
-                metadata=metadata,
-                replace=replace,
-                ids=ids,
-            )
+            await asyncio.to_thread(self.store.add, keys, vectors, **columns)
         except StoreError as exc:
             return StoreFailure(exc)
         return None
