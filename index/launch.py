@@ -7,6 +7,9 @@ functions instead of each command's `main`: this module imports nothing heavy, i
 the command inside a guard, and turns a Ctrl-C that arrives before the command has
 taken over into one line and exit status 130. Once `main` runs, its own handling
 (saving what was done, naming the command to run again) answers Ctrl-C as before.
+A Ctrl-C in the interpreter's own start-up (its `site` module, the first few tens of
+milliseconds, before any line of the script runs) still ends in Python's fatal-error
+message: nothing of vitrieval has run by then, and nothing can catch it.
 """
 
 from __future__ import annotations

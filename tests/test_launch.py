@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -51,16 +52,36 @@ def test_ctrl_c_in_the_first_half_second_prints_no_traceback(program: str) -> No
         "vitrieval-train": ["fit", "--help"],
         "vitrieval-serve": ["--help"],
     }[program]
-    for delay in (0.05, 0.15, 0.3):
+    guarded = 0  # runs whose signal came once the guard was in place
+    for delay in (0.05, 0.15, 0.3, 0.45):
         proc = subprocess.Popen(
             [str(script), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
+        if before_the_guard(err, script) or (proc.returncode == -signal.SIGINT and not err):
+            continue  # (killed by the signal: before Python had its own handler)
         assert "Traceback" not in err, (delay, err)
-        # Python's own start-up may take the signal before any project code runs (killed by
-        # SIGINT, no output), or the command may have finished its help already.
-        assert proc.returncode in (130, 0, -signal.SIGINT), (delay, proc.returncode, err)
+        # the command may also have finished its help already
+        assert proc.returncode in (130, 0), (delay, proc.returncode, err)
         if proc.returncode == 130 and err.strip():  # the server stops quietly once it runs
             assert err.strip().splitlines()[-1].startswith(f"{program}: "), err
+        guarded += 1
+    assert guarded >= 2, "the signals all came before the guard: a machine this slow tests nothing"
+
+
+def before_the_guard(err: str, script: Path) -> bool:
+    """Whether a Ctrl-C landed before index/launch.py's guard could exist: in the
+    interpreter's own start-up (its site module), or in the script's one import line
+    (`from index.launch import ...`), whose frames are the script's and importlib's
+    alone. A signal in any command module's import is the guard's to answer."""
+    if err.startswith("Fatal Python error: init_import_site"):
+        return True
+    files = re.findall(r'^\s*File "([^"]+)"', err, re.M)
+    return bool(files) and all(
+        f == str(script)
+        or f.startswith("<frozen ")
+        or f.endswith(("index/__init__.py", "index/launch.py"))
+        for f in files
+    )
