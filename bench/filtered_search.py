@@ -279,7 +279,7 @@ def recall(found: list[list[int]], exact: list[set[int]]) -> float:
 
 
 def segments(store: IndexStore) -> list[Any]:
-    return [s for s in store._segments() if s.live_count]
+    return [s for s in store._state.serving() if s.live_count]
 
 
 def evaluate(store: IndexStore, raw: RawFilter) -> tuple[float, list[filtering.IdSet]]:

@@ -2,16 +2,17 @@
 
 An index of N items (default 200,000; 8-d Flat vectors, as only the metadata is
 measured) with the metadata {"price": a float in [0, 1000)} is built once in a
-temporary folder and saved as one sealed segment. Then, side by side:
+temporary folder and saved as one sealed segment, whose columns file the save writes
+(index/store/columns.py). Then, side by side:
 
-- the column's one read (`columns.read_column`: the path's rows streamed from the
-  field index into id and value arrays), its time and the peak of the memory it
-  allocates (tracemalloc, which sees numpy's buffers; SQLite's page cache aside),
-  beside the same read through a Python list of the rows (`fetchall`, as the column
-  was read before it was streamed);
+- the columns file's write (`columns.write_columns`: the path's rows read from the
+  field index into id and value arrays, written to a file), what the save spent on
+  it, and the peak of the memory it allocates (tracemalloc, which sees numpy's
+  buffers; SQLite's page cache aside);
 - a range at each of 1%, 10%, 50% and 100% of the items answered from the column
-  (`Column.ids_in`) and from the field index (`fields.leaf_ids`, an index range scan),
-  the median of `--repeats` runs each, and their ratio; both answers are checked equal.
+  (`NumberColumn.ids_in`, memory-mapped) and from the field index
+  (`fields.index_ids`, an index range scan), the median of `--repeats` runs each, and
+  their ratio; both answers are checked equal.
 
 Run:  PYTHONPATH=. .venv/bin/python bench/range_columns.py [--n 200000] [--repeats 7]
 """
@@ -32,18 +33,9 @@ from bench.machine import cpu_model, git, load_average
 from index.filters import parse_filter
 from index.store import IndexStore
 from index.store import fields as fx
-from index.store.columns import COLUMN_BUDGET_ROWS, NUMBERS_OF_PATH, read_column
+from index.store.columns import write_columns
 
 SHARES = (0.01, 0.1, 0.5, 1.0)
-
-
-def read_via_list(db, path: str) -> tuple[np.ndarray, np.ndarray]:
-    """The rows fetched into a list first, then copied into arrays (the reference)."""
-    rows = db.execute(NUMBERS_OF_PATH, (path,)).fetchall()
-    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    values = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
-    order = np.argsort(ids, kind="stable")
-    return ids[order], values[order]
 
 
 def timed_read(read) -> tuple[float, float]:
@@ -92,36 +84,26 @@ def main() -> None:
         store.save()
         store.close()
         store = IndexStore.open(Path(tmp) / "idx")
-        segment = store._sealed[0]
-        column = read_column(segment._db, "price", COLUMN_BUDGET_ROWS)
-        assert column is not None and column.ids.size == args.n
-        listed = read_via_list(segment._db, "price")
-        assert np.array_equal(listed[0], column.ids) and np.array_equal(listed[1], column.values)
-        stream_ms, stream_mb = timed_read(
-            lambda: read_column(segment._db, "price", COLUMN_BUDGET_ROWS)
-        )
-        list_ms, list_mb = timed_read(lambda: read_via_list(segment._db, "price"))
-        column_mb = (column.ids.nbytes + column.values.nbytes) / 2**20
-        print(f"\nN = {args.n:,}; the column holds {column_mb:.1f} MB\n")
-        print("| the column's read | ms | µs an item | peak MB allocated |")
+        segment = store._state.sealed[0]
+        column = segment.columns.numbers["price"]
+        assert column.ids.size == args.n
+        written = Path(tmp) / "columns.again"
+        write_ms, write_mb = timed_read(lambda: write_columns(segment._db, written))
+        column_mb = written.stat().st_size / 2**20
+        print(f"\nN = {args.n:,}; the columns file holds {column_mb:.1f} MB\n")
+        print("| the columns file's write | ms | µs an item | peak MB allocated |")
         print("|---|---:|---:|---:|")
-        print(f"| streamed (read_column) | {stream_ms:.0f} | {1e3 * stream_ms / args.n:.2f} "
-              f"| {stream_mb:.1f} |")  # fmt: skip
-        print(f"| through a list (fetchall) | {list_ms:.0f} | {1e3 * list_ms / args.n:.2f} "
-              f"| {list_mb:.1f} |")  # fmt: skip
-        print(f"| list / streamed | {list_ms / stream_ms:.2f}x | | {list_mb / stream_mb:.2f}x |\n")
+        print(f"| write_columns | {write_ms:.0f} | {1e3 * write_ms / args.n:.2f} "
+              f"| {write_mb:.1f} |\n")  # fmt: skip
         print("| range | items | column ms | field index ms | index / column |")
         print("|---|---:|---:|---:|---:|")
         for share in SHARES:
             raw = {"must": [{"key": "price", "range": {"lt": 1000 * share}}]}
             leaf = parse_filter(raw).must[0]
             found = column.ids_in(leaf)
-            assert np.array_equal(found, fx.leaf_ids(segment._db, leaf, segment.fields, "b"))
+            assert np.array_equal(found, fx.index_ids(segment._db, leaf))
             col_ms = median_ms(lambda leaf=leaf: column.ids_in(leaf), args.repeats)
-            idx_ms = median_ms(
-                lambda leaf=leaf: fx.leaf_ids(segment._db, leaf, segment.fields, "b"),
-                args.repeats,
-            )
+            idx_ms = median_ms(lambda leaf=leaf: fx.index_ids(segment._db, leaf), args.repeats)
             print(f"| price < {1000 * share:g} ({share:.0%}) | {found.size:,} | {col_ms:.2f} | "
                   f"{idx_ms:.2f} | {idx_ms / col_ms:.0f}x |")  # fmt: skip
         store.close()

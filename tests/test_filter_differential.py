@@ -9,9 +9,10 @@ searching every item of the catalogue through each plan the store has:
 
 - the growing segment (in memory, not yet saved), exactly over the allowed subset
   and through the ID-selector search;
-- sealed segments through the field index alone, with remembered conditions, with
-  numeric columns (read at a path's first range), and through the widened ID-selector
-  search instead of the exact subset;
+- sealed segments through the field index alone, through their columns (written
+  with the segment; the field index answers what they do not), with remembered
+  conditions, and through the widened ID-selector search instead of the exact
+  subset;
 - a sharded index built from a Parquet embeddings folder.
 
 Every plan must give exactly the reference's items. The catalogues are built once per
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from index.shards.store import open_index
 from index.store import IndexStore, filtering
 from index.store import columns as column_module
 from index.store import fields as field_module
-from index.store.columns import read_column
+from index.store.columns import read_columns
 from index.store.filters import parse_filter
 
 DIM = 4
@@ -168,16 +168,15 @@ def patched(changes: list[tuple[Any, str, Any]]) -> Iterator[None]:
 
 NO_CACHE = [
     (field_module.LeafCache, "get", lambda self, leaf: None),
-    (field_module.LeafCache, "put", lambda self, leaf, ids, cheap=False: None),
+    (field_module.LeafCache, "put", lambda self, leaf, ids: None),
 ]
-NO_COLUMNS = [(column_module.RangeColumns, "ids_in", lambda self, leaf: None)]
-COLUMNS_AT_ONCE = [(column_module, "COLUMN_AFTER_RANGES", 1)]
+NO_COLUMNS = [(column_module.SegmentColumns, "ids_in", lambda self, leaf: None)]
 WIDENED = [(filtering, "EXACT_SEARCH_MAX", 0), (filtering, "EXACT_SEARCH_MAX_FLAT", 0)]
 
 SEALED_PLANS = {
     "sealed, field index": NO_CACHE + NO_COLUMNS,
-    "sealed, remembered conditions": NO_COLUMNS,
-    "sealed, numeric columns": NO_CACHE + COLUMNS_AT_ONCE,
+    "sealed, columns": NO_CACHE,
+    "sealed, remembered conditions": [],
     "sealed, widened search": WIDENED,
 }
 PLANS: dict[str, tuple[str, list]] = {
@@ -285,9 +284,9 @@ def test_match_true_and_match_one_never_share_a_remembered_answer(stores):
     assert answers[0] != answers[1]
 
 
-@pytest.mark.parametrize("changes", [NO_CACHE + NO_COLUMNS, NO_CACHE + COLUMNS_AT_ONCE])
+@pytest.mark.parametrize("changes", [NO_CACHE + NO_COLUMNS, NO_CACHE])
 def test_integers_beyond_2_53_are_compared_exactly_on_every_path(stores, changes):
-    store = stores["sealed, numeric columns"]
+    store = stores["sealed, columns"]
     items = stores["items"]
     for bound in ({"gt": 2**53}, {"gte": 2**53 + 1}, {"lt": 2**53 + 1}, {"lte": float(2**53)}):
         raw = {"must": [{"key": "n", "range": bound}]}
@@ -301,13 +300,9 @@ def test_integers_beyond_2_53_are_compared_exactly_on_every_path(stores, changes
 
 def test_a_column_refuses_a_path_holding_integers_beyond_2_53(stores):
     """Read as float64, 2**53 + 1 would become 2**53: such a path keeps the field index."""
-    tables = sorted(Path(stores["sealed, numeric columns"].directory).glob("seg.*.items.sqlite"))
-    assert tables
-    for table in tables:
-        conn = sqlite3.connect(table)
-        try:
-            assert read_column(conn, "n", 10**6) is None
-            column = read_column(conn, "p", 10**6)
-            assert column is not None and column.ids.size > 0
-        finally:
-            conn.close()
+    files = sorted(Path(stores["sealed, columns"].directory).glob("seg.*.columns"))
+    assert files
+    for path in files:
+        columns = read_columns(path)
+        assert "n" not in columns.numbers
+        assert "p" in columns.numbers and columns.numbers["p"].ids.size > 0

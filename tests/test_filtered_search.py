@@ -291,28 +291,6 @@ def test_the_leaf_cache_keeps_the_recent_conditions_within_its_budget() -> None:
     assert cache.get(leaf("huge")) is None and cache.get(leaf("red")) is not None
 
 
-def test_the_leaf_cache_keeps_a_cheap_answer_at_its_second_offer(monkeypatch) -> None:
-    from index.store import fields
-    from index.store.filters import FieldRef, Range
-
-    def leaf(bound: float) -> Range:
-        return Range(FieldRef(label=False, path=("price",)), lt=bound)
-
-    monkeypatch.setattr(fields, "LEAF_CACHE_OFFERED", 3)
-    cache = fields.LeafCache(max_ids=100)
-    cache.put(leaf(1), np.arange(4), cheap=True)
-    assert cache.get(leaf(1)) is None  # offered once: a key only
-    cache.put(leaf(1), np.arange(4), cheap=True)
-    assert np.array_equal(cache.get(leaf(1)), np.arange(4))
-    # one-off ranges (a slider's) never take a slot; the oldest offers are forgotten
-    for bound in range(10, 15):
-        cache.put(leaf(bound), np.arange(4), cheap=True)
-    assert [cache.get(leaf(b)) for b in range(10, 15)] == [None] * 5
-    assert list(cache._offered) == [leaf(12), leaf(13), leaf(14)]
-    cache.put(leaf(10), np.arange(4), cheap=True)  # forgotten: a first offer again
-    assert cache.get(leaf(10)) is None
-
-
 def test_ivf_widens_for_a_filter_that_excludes_the_query_neighbourhood(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -18,7 +18,7 @@ def test_verify_passes_then_names_a_damaged_file(tmp_path: Path, capsys) -> None
     code, out, err = run(capsys, "verify", tmp_path / "idx")
     assert code == 0 and err == ""
     assert out.strip() == (
-        f"{tmp_path / 'idx'}: 4 files verified "
+        f"{tmp_path / 'idx'}: 6 files verified "
         f"({sum(p.stat().st_size for p in (tmp_path / 'idx').glob('seg.*')):,} bytes, "
         "2 segments, 300 items): every checksum holds"
     )
@@ -54,9 +54,9 @@ def test_upgrade_and_merge_commands(tmp_path: Path, capsys) -> None:
     code, out, err = run(capsys, "remove", tmp_path / "old", "3")
     assert code == 2 and "vitrieval-index upgrade" in err and len(err.strip().splitlines()) == 1
     code, out, _ = run(capsys, "upgrade", tmp_path / "old")
-    assert code == 0 and out.strip().endswith("converted from format 1 to format 2 (120 items)")
+    assert code == 0 and out.strip().endswith("converted from format 1 to format 3 (120 items)")
     code, out, _ = run(capsys, "upgrade", tmp_path / "old")
-    assert code == 0 and "already in format 2" in out
+    assert code == 0 and "already in format 3" in out
     code, out, err = run(capsys, "remove", tmp_path / "old", "3")
     assert code == 0
     many = saved_in_parts(tmp_path / "many", x, 3)

@@ -1,10 +1,8 @@
-"""Range filters from a sealed segment's numeric columns (index/store/columns.py) equal
-the field index's answers and the reference rule (`filters.Range.holds`)."""
+"""Filters answered from a sealed segment's columns (index/store/columns.py, written
+with the segment) equal the field index's answers and the reference rule
+(`filters.Range.holds`, `filters.Match.holds`)."""
 
 from __future__ import annotations
-
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -12,10 +10,10 @@ from store_helpers import unit_vectors
 
 from index.filters import parse_filter
 from index.store import IndexStore
-from index.store import columns as columns_module
 from index.store import fields as fx
-from index.store.columns import COLUMN_AFTER_RANGES, RangeColumns
-from index.store.filters import Range, field_values
+from index.store import manifest as mf
+from index.store.columns import EXACT_FLOAT_INTEGERS, read_columns
+from index.store.filters import Match, Range, field_values
 
 N = 600
 
@@ -34,6 +32,8 @@ def _metadata(rng: np.random.Generator, i: int) -> dict:
         meta["price"] = price
     meta["sizes"] = [int(s) for s in rng.integers(30, 50, size=int(rng.integers(0, 4)))]
     meta["unindexed"] = int(rng.integers(0, 50))
+    meta["colour"] = ["red", "blue", "green", True, False][i % 5]
+    meta["big"] = 2**53 + i if i % 3 == 0 else i
     return meta
 
 
@@ -45,7 +45,7 @@ def sealed(tmp_path_factory) -> tuple[IndexStore, list[dict]]:
         tmp_path_factory.mktemp("columns") / "idx",
         dim=8,
         factory="Flat",
-        filter_fields=["price", "shop.rating", "sizes"],
+        filter_fields=["big", "colour", "price", "shop.rating", "sizes"],
     )
     store.add([f"k{i}" for i in range(N)], unit_vectors(rng, N, 8), metadata=metadata)
     store.save()
@@ -66,7 +66,7 @@ def _ranges(rng: np.random.Generator, count: int) -> list[dict]:
     return out
 
 
-def _reference(metadata: list[dict], leaf: Range) -> list[str]:
+def _reference(metadata: list[dict], leaf: Match | Range) -> list[str]:
     return sorted(
         f"k{i}" for i, m in enumerate(metadata) if leaf.holds(field_values(leaf.field, None, m))
     )
@@ -83,119 +83,70 @@ def _keys(store: IndexStore, ids: np.ndarray) -> list[str]:
 def test_ranges_equal_the_field_index_and_the_reference(sealed, path, columned) -> None:
     store, metadata = sealed
     segment = store._state.sealed[0]
+    # a single number per item has a column; a list of numbers stays with the field index
+    assert (path in segment.columns.numbers) is columned
     rng = np.random.default_rng(len(path))
     for bounds in _ranges(rng, 60):
         leaf = parse_filter({"must": [{"key": path, "range": bounds}]}).must[0]
         found = segment.filter_ids(leaf)
         assert np.all(found[1:] > found[:-1])  # sorted, unique
         assert _keys(store, found) == _reference(metadata, leaf), bounds
-        index_read = fx.leaf_ids(segment._db, leaf, segment.fields, "test")
-        assert np.array_equal(found, index_read), bounds
-    # a single number per item: read as a column; a list of numbers: the field index
-    columns = segment._range_columns._columns
-    assert (columns.get(path) is not None) is columned, columns.keys()
+        assert np.array_equal(found, fx.index_ids(segment._db, leaf)), bounds
+        from_column = segment.columns.ids_in(leaf)
+        assert (from_column is not None) is columned  # answered from the column
+        if columned:
+            assert np.array_equal(from_column, found), bounds
 
 
-def test_one_range_however_repeated_stays_with_the_field_index(sealed) -> None:
+def test_matches_on_text_and_booleans_come_from_a_text_column(sealed) -> None:
+    store, metadata = sealed
+    segment = store._state.sealed[0]
+    assert "colour" in segment.columns.texts and "colour" not in segment.columns.numbers
+    for values in (["red"], [True], [False, "blue"], ["purple"], [1], ["true"], [True, 1]):
+        leaf = parse_filter({"must": [{"key": "colour", "match": {"any": values}}]}).must[0]
+        found = segment.filter_ids(leaf)
+        assert _keys(store, found) == _reference(metadata, leaf), values
+        assert np.array_equal(found, fx.index_ids(segment._db, leaf)), values
+        # strings and booleans from the column; a match on a number from the field index
+        numeric = any(not isinstance(v, str | bool) for v in values)
+        assert (segment.columns.ids_in(leaf) is None) is numeric, values
+
+
+def test_integers_are_compared_exactly_and_huge_ones_keep_the_field_index(sealed) -> None:
+    """float64 holds every integer within 2**53 exactly: a column of such a path
+    compares exactly; a path holding a larger integer has no column (its values would
+    round), and a bound float64 rounds is answered by the field index."""
+    store, metadata = sealed
+    segment = store._state.sealed[0]
+    assert "big" not in segment.columns.numbers  # 2**53 + i for some items
+    for bounds in ({"gt": 2**53}, {"gte": 2**53 + 3}, {"lt": 2**53 + 1}, {"lte": float(2**53)}):
+        leaf = parse_filter({"must": [{"key": "big", "range": bounds}]}).must[0]
+        assert _keys(store, segment.filter_ids(leaf)) == _reference(metadata, leaf), bounds
+    price = segment.columns.numbers["price"]
+    for bound in (10, 10.0, 9.9, 2**53, EXACT_FLOAT_INTEGERS):
+        leaf = parse_filter({"must": [{"key": "price", "range": {"gte": bound}}]}).must[0]
+        assert _keys(store, price.ids_in(leaf)) == _reference(metadata, leaf), bound
+    rounded = parse_filter({"must": [{"key": "price", "range": {"lt": 2**53 + 1}}]}).must[0]
+    assert price.ids_in(rounded) is None  # float64 would round the bound
+    assert _keys(store, segment.filter_ids(rounded)) == _reference(metadata, rounded)
+
+
+def test_paths_outside_the_field_index_and_the_label_have_no_column(sealed) -> None:
     store, _ = sealed
     segment = store._state.sealed[0]
-    columns = RangeColumns(segment._db, segment.fields)
-    leaf = parse_filter({"must": [{"key": "price", "range": {"gte": 10}}]}).must[0]
-    for _ in range(3):
-        assert columns.ids_in(leaf) is None
-    other = parse_filter({"must": [{"key": "price", "range": {"lt": 10}}]}).must[0]
-    assert COLUMN_AFTER_RANGES == 2 and columns.ids_in(other) is not None
-    # paths outside the field index and the label never get a column
+    names = set(segment.columns.numbers) | set(segment.columns.texts)
+    assert names == {"colour", "price", "shop.rating"}
     for key in ("unindexed", "label"):
-        for bounds in ({"gt": 1}, {"gt": 2}, {"gt": 3}):
-            leaf = parse_filter({"must": [{"key": key, "range": bounds}]}).must[0]
-            assert columns.ids_in(leaf) is None
+        leaf = parse_filter({"must": [{"key": key, "range": {"gt": 1}}]}).must[0]
+        assert segment.columns.ids_in(leaf) is None
 
 
-def test_columns_stay_within_their_budget(sealed, monkeypatch) -> None:
-    """The first path to vary keeps its column; one that no longer fits stays with the
-    field index for good (no re-reading), and every answer stays right."""
-    store, metadata = sealed
-    segment = store._state.sealed[0]
-
-    def rows(path: str) -> int:
-        leaf = parse_filter({"must": [{"key": path, "range": {"gte": -1}}]}).must[0]
-        return len(fx.leaf_ids(segment._db, leaf, segment.fields, "t"))
-
-    price_rows, rating_rows = rows("price"), rows("shop.rating")
-    assert price_rows + rating_rows > N >= max(price_rows, rating_rows)
-    columns = RangeColumns(segment._db, segment.fields, budget_rows=N)  # room for one
-    reads = []
-    real_read = columns_module.read_column
-
-    def counted_read(db, path, max_rows):
-        reads.append(path)
-        return real_read(db, path, max_rows)
-
-    monkeypatch.setattr(columns_module, "read_column", counted_read)
-    rng = np.random.default_rng(9)
-    for path in ("price", "shop.rating", "price", "shop.rating"):
-        for bounds in _ranges(rng, 3):
-            leaf = parse_filter({"must": [{"key": path, "range": bounds}]}).must[0]
-            found = columns.ids_in(leaf)
-            if path == "shop.rating":
-                assert found is None
-            if found is not None:
-                assert _keys(store, found) == _reference(metadata, leaf)
-    assert reads == ["price", "shop.rating"]  # each read once, the second one kept out
-    # a read stops one row past the room it is given
-    assert real_read(segment._db, "price", price_rows - 1) is None
-    assert real_read(segment._db, "price", price_rows).ids.size == price_rows
-    assert list(columns._columns) == ["price"] and columns._rows == price_rows
-
-
-def test_a_column_answer_enters_the_leaf_cache_only_when_asked_again(sealed) -> None:
-    """A column's answer enters the leaf cache only when its range is asked again: a
-    slider's one-off ranges would push out conditions that cost a scan."""
+def test_the_columns_file_is_listed_and_read_back(sealed) -> None:
     store, _ = sealed
     segment = store._state.sealed[0]
-    leaves = [
-        parse_filter({"must": [{"key": "shop.rating", "range": bounds}]}).must[0]
-        for bounds in ({"gt": 3.25}, {"lt": 1.75}, {"gte": 2.25, "lte": 4.25})
-    ]
-    for leaf in leaves:
-        segment.filter_ids(leaf)
-    assert segment._range_columns._columns.get("shop.rating") is not None
-    assert not any(leaf in segment._leaf_cache._entries for leaf in leaves[1:])
-    # asked again, a column's answer is a condition that repeats: remembered
-    assert np.array_equal(segment.filter_ids(leaves[1]), segment.filter_ids(leaves[1]))
-    assert leaves[1] in segment._leaf_cache._entries
-
-
-def test_a_column_is_read_once_while_searches_go_on(sealed, monkeypatch) -> None:
-    """Searches on the path being read use the field index meanwhile (None), and the
-    column is read once however many searches ask at the same time."""
-    store, metadata = sealed
-    segment = store._state.sealed[0]
-    columns = RangeColumns(segment._db, segment.fields)
-    reads, started, release = [], threading.Event(), threading.Event()
-    real_read = columns_module.read_column
-
-    def slow_read(db, path, max_rows):
-        reads.append(path)
-        started.set()
-        release.wait(10)
-        return real_read(db, path, max_rows)
-
-    monkeypatch.setattr(columns_module, "read_column", slow_read)
-    leaves = [
-        parse_filter({"must": [{"key": "price", "range": {"gte": float(g)}}]}).must[0]
-        for g in range(10)
-    ]
-    assert columns.ids_in(leaves[0]) is None  # the first distinct range
-    with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(columns.ids_in, leaves[1])
-        assert started.wait(10)
-        assert [columns.ids_in(leaf) for leaf in leaves[2:]] == [None] * 8
-        release.set()
-        first = reading.result()
-    assert reads == ["price"]
-    for leaf in [leaves[1], *leaves[2:]]:
-        found = first if leaf is leaves[1] else columns.ids_in(leaf)
-        assert _keys(store, found) == _reference(metadata, leaf)
-    assert reads == ["price"]
+    name = mf.segment_columns_file(segment.number)
+    assert name in segment.entry.files
+    again = read_columns(store.directory / name)
+    for path, column in segment.columns.numbers.items():
+        assert np.array_equal(again.numbers[path].ids, column.ids)
+        assert np.array_equal(again.numbers[path].values, column.values)

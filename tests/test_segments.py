@@ -104,7 +104,13 @@ def test_a_save_writes_only_what_changed(tmp_path: Path) -> None:
     unchanged = {name for name in before if after.get(name) == before[name]}
     assert {"seg.1.faiss", "seg.1.items.sqlite"} <= unchanged  # the big segment is not rewritten
     written = sorted(set(after) - unchanged - {LEASE_DIR})  # the store's lease moved on
-    assert written == ["manifest.json", "seg.1.del.2.npy", "seg.2.faiss", "seg.2.items.sqlite"]
+    assert written == [
+        "manifest.json",
+        "seg.1.del.2.npy",
+        "seg.2.columns",
+        "seg.2.faiss",
+        "seg.2.items.sqlite",
+    ]
     sizes = {name: (tmp_path / "idx" / name).stat().st_size for name in written}
     assert sum(sizes.values()) < 0.02 * (tmp_path / "idx" / "seg.1.faiss").stat().st_size
     reopened = IndexStore.open(tmp_path / "idx")
@@ -329,11 +335,58 @@ def test_a_format_1_index_opens_read_only_and_upgrades_in_place(tmp_path: Path) 
         IndexStore.open(tmp_path / "old", journal=True)
     assert upgrade(tmp_path / "old") == (1, 300)
     names = sorted(p.name for p in (tmp_path / "old").iterdir() if p.name != LEASE_DIR)
-    assert names == [".lock", "manifest.json", "seg.1.faiss", "seg.1.items.sqlite"]
+    assert names == [".lock", "manifest.json", "seg.1.columns", "seg.1.faiss", "seg.1.items.sqlite"]
     new = IndexStore.open(tmp_path / "old", journal=True, verify=True)
-    assert new.info()["format_version"] == 2 and new.search(queries, 10) == before
+    assert new.info()["format_version"] == 3 and new.search(queries, 10) == before
     new.close()
-    assert upgrade(tmp_path / "old") == (2, 300)  # already done: nothing to do
+    assert upgrade(tmp_path / "old") == (3, 300)  # already done: nothing to do
+
+
+def test_a_format_2_index_opens_read_only_and_upgrade_writes_its_columns(
+    tmp_path: Path,
+) -> None:
+    """Format 2 is format 3 without the columns files: it opens and answers filters
+    from its field index, is not written, and `upgrade` writes the columns."""
+    rng = np.random.default_rng(10)
+    x = exact_vectors(rng, 200)
+    metadata = [{"rank": i, "colour": ["red", "blue"][i % 2]} for i in range(200)]
+    directory = tmp_path / "idx"
+    store = IndexStore.create(directory, dim=x.shape[1])
+    store.add([str(i) for i in range(100)], x[:100], metadata=metadata[:100])
+    store.save()
+    store.add([str(i) for i in range(100, 200)], x[100:], metadata=metadata[100:])
+    store.save()
+    flt = {"must": [{"key": "rank", "range": {"lt": 150}}, {"key": "colour", "match": "red"}]}
+    before = store.search(x[:5], 20, filter=flt)
+    store.close()
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    for segment in manifest["segments"]:
+        for name in [n for n in segment["files"] if n.endswith(".columns")]:
+            del segment["files"][name]
+            (directory / name).unlink()
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+    old = IndexStore.open(directory)
+    assert old.info()["format_version"] == 2 and old.search(x[:5], 20, filter=flt) == before
+    old.add(["new"], x[:1])
+    with pytest.raises(StoreError, match=r"format 2.*vitrieval-index upgrade"):
+        old.save()
+    with pytest.raises(StoreError, match=r"format 2.*vitrieval-index upgrade"):
+        old.merge(everything=True)
+    old.close()
+    with pytest.raises(StoreError, match=r"format 2.*vitrieval-index upgrade"):
+        IndexStore.open(directory, journal=True)
+    assert upgrade(directory) == (2, 200)
+    assert sorted(p.name for p in directory.glob("seg.*.columns")) == [
+        "seg.1.columns",
+        "seg.2.columns",
+    ]
+    new = IndexStore.open(directory, journal=True, verify=True)
+    assert new.info()["format_version"] == 3 and new.search(x[:5], 20, filter=flt) == before
+    assert all("rank" in s.columns.numbers for s in new._state.sealed)
+    new.close()
+    assert upgrade(directory) == (3, 200)
 
 
 def test_an_upgrade_that_fails_midway_leaves_format_1(tmp_path: Path, monkeypatch) -> None:

@@ -289,7 +289,14 @@ def test_overwrite_with_another_model(
     names = sorted(p.name for p in (tmp_path / "idx").iterdir())
     # the new index's files never overwrite the old one's before the commit
     names = [name for name in names if name != LEASE_DIR]  # reader leases (leases.py)
-    assert names == [".lock", "manifest.json", "model.2.onnx", "seg.2.faiss", "seg.2.items.sqlite"]
+    assert names == [
+        ".lock",
+        "manifest.json",
+        "model.2.onnx",
+        "seg.2.columns",
+        "seg.2.faiss",
+        "seg.2.items.sqlite",
+    ]
 
 
 # -- errors ---------------------------------------------------------------------------------

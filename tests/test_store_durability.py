@@ -34,7 +34,7 @@ def saved_index(tmp_path: Path) -> Path:
     return tmp_path / "idx"
 
 
-@pytest.mark.parametrize("name", ["seg.1.faiss", "seg.1.items.sqlite"])
+@pytest.mark.parametrize("name", ["seg.1.faiss", "seg.1.items.sqlite", "seg.1.columns"])
 @pytest.mark.parametrize("damage", ["truncate", "missing", "header"])
 def test_damaged_files_are_refused_at_open(saved_index: Path, name: str, damage: str) -> None:
     """Opening checks sizes and headers, not every byte: a truncated or missing file, or
@@ -52,16 +52,21 @@ def test_damaged_files_are_refused_at_open(saved_index: Path, name: str, damage:
 
 
 @pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat"])
-@pytest.mark.parametrize("name", ["faiss", "items.sqlite", "vectors.npy"])
+@pytest.mark.parametrize("name", ["faiss", "items.sqlite", "vectors.npy", "columns"])
 def test_a_flipped_byte_in_a_sealed_segment_is_found_and_never_merged(
     tmp_path: Path, factory: str, name: str
 ) -> None:
     """A byte flipped inside a sealed segment passes the cheap checks at open; `verify`,
     an open with verify=True and a merge (which reads the segment) all refuse it."""
     x = unit_vectors(np.random.default_rng(15), 400)
-    store = build(tmp_path / "idx", x[:200], factory=factory)
+    # metadata, so that the columns file holds columns (its last bytes are values)
+    metadata = [{"rank": i, "colour": "red" if i % 3 else "blue"} for i in range(400)]
+    store = IndexStore.create(tmp_path / "idx", dim=x.shape[1], factory=factory)
+    if store.needs_training():
+        store.train(x[:200])
+    store.add([str(i) for i in range(200)], x[:200], metadata=metadata[:200])
     store.save()
-    store.add([str(i) for i in range(200, 400)], x[200:])
+    store.add([str(i) for i in range(200, 400)], x[200:], metadata=metadata[200:])
     store.save()
     store.close()
     path = tmp_path / "idx" / f"seg.1.{name}"
@@ -127,6 +132,7 @@ def test_debris_is_ignored_on_load_and_cleaned_on_save(saved_index: Path) -> Non
         ".lock",
         "manifest.json",
         "notes.txt",
+        "seg.1.columns",
         "seg.1.del.2.npy",
         "seg.1.faiss",
         "seg.1.items.sqlite",

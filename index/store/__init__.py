@@ -1,6 +1,6 @@
 """Crash-safe, verified FAISS index store in segments: the index directory.
 
-This docstring is the contract of the on-disk format (format_version 2)::
+This docstring is the contract of the on-disk format (format_version 3)::
 
     INDEX/
       manifest.json            the commit point (below)
@@ -14,6 +14,12 @@ This docstring is the contract of the on-disk format (format_version 2)::
                                and field_set(paths), what it covers (fields.py)
       seg.<n>.vectors.npy      sealed segment n: float32 (rows, dim), the exact vectors
                                (absent for "Flat": its FAISS file holds them)
+      seg.<n>.columns          sealed segment n: its indexed paths' values as columns,
+                               written with it, memory-mapped (columns.py): a number
+                               column (sorted int64 ids, float64 values) per path with
+                               at most one number an item, all integers within
+                               ±2**53; a text column (ids, int32 codes, dictionary)
+                               per path with at most one string or boolean an item
       seg.<n>.dba.faiss        segment n's DBA vectors, when a merge computed them
       seg.<n>.dba.npy          (augment.py); .npy absent for "Flat"
       seg.<n>.del.<g>.npy      segment n's tombstones as of generation g (sorted int64)
@@ -25,7 +31,7 @@ This docstring is the contract of the on-disk format (format_version 2)::
 
 manifest.json::
 
-    {"format_version": 2, "generation": g, "model": {...} | null, "dim": D,
+    {"format_version": 3, "generation": g, "model": {...} | null, "dim": D,
      "metric": "inner_product", "factory": "Flat", "count": <live items>,
      "next_id": <first unused item id>, "search_params": {"nprobe": 8},
      "filter_fields": null | ["colour", "shop.city"],
@@ -56,9 +62,9 @@ manifest.json::
   the merged segments' files are verified before they are read. With `dba` set, the
   merged segment gets its DBA vectors (augment.py).
 - Search (search.py): every segment answers its top k, merged by score then id; a
-  filter (filters.py) is evaluated from each segment's field index and searched
-  exactly over a small allowed subset or by a widened ID-selector search
-  (filtering.py).
+  filter (filters.py) is evaluated per segment, each condition from its columns, its
+  field index or its metadata (`filtering.leaf_ids` chooses), and searched exactly
+  over a small allowed subset or by a widened ID-selector search (filtering.py).
 - Open: read the manifest, check every listed file's size, parse the headers, and
   memory-map the segments (FAISS's IO_FLAG_MMAP for IVF, IO_FLAG_MMAP_IFC for flat
   codes; numpy's mmap for the vectors; SQLite opened read-only in place): nothing is
@@ -69,8 +75,12 @@ manifest.json::
 - A crash at any moment leaves the last committed generation loadable: nothing a
   manifest lists is ever overwritten, and files it does not list are never read.
 
-Format 1 (one generation: index.<g>.faiss and items.<g>.sqlite holding every vector)
-opens read-only (legacy.py); `upgrade()` (`vitrieval-index upgrade DIR`) converts it.
+Older formats open read-only (save, merge and a journalling open ask for an upgrade);
+`upgrade()` (`vitrieval-index upgrade DIR`) converts them in place. Format 2 is this
+one without the columns files: its field index answers every filter, and the upgrade
+writes the columns of its segments (every byte of a segment verified first) and
+commits format 3. Format 1 (one generation: index.<g>.faiss and items.<g>.sqlite
+holding every vector; legacy.py) is sealed into segments by the upgrade.
 
 GPU: with GPU FAISS and gpu="auto" (or "cuda"), searches run on GPU copies of the
 segments; the CPU files stay authoritative. gpu="cpu" never uses a GPU; gpu="cuda"

@@ -1,74 +1,81 @@
-"""Numeric fields of a sealed segment held as columns, for range filters that vary.
+"""A sealed segment's columns: its indexed paths' values, one array per path, written
+with the segment and memory-mapped like its vectors.
 
-A catalogue's price slider sends a new range with every query: the field index
-(fields.py) answers each with an index range scan whose cost grows with the items it
-allows (0.3-0.5 µs an item: 33-44 ms for 100,000 on the machines measured), and the
-leaf cache rarely meets the same range twice. A column, the field's value for every
-item that has one (ids sorted, float64 values aligned), answers any range with one
-vectorised comparison (about 5 ns an item) and gives the ids already sorted.
+The field index (fields.py) answers any condition, with an index range scan whose
+cost grows with the items it allows (0.3-0.5 µs an item). A column answers the
+conditions it covers with one vectorised comparison over the path's items (about
+5 ns an item) and gives the ids already sorted. Columns are built when a segment is
+written (sealed or merged), from the field index just written, so they hold exactly
+what it holds; a segment's items never change, and neither do its columns.
 
-A path gets its column at its `COLUMN_AFTER_RANGES`-th distinct range in a segment
-(one range, however often it repeats, stays with the field index and the leaf
-cache), when it is in the segment's field index and holds at most one number per
-item; otherwise (a list of numbers, such as sizes) it stays with the field index.
-The column holds float64 values, so it answers only what float64 answers exactly,
-as `filters.Range.holds` compares: a path holding an integer beyond 2**53 in
-magnitude (an int64 id, a nanosecond timestamp) stays with the field index, which
-compares integers exactly, and so does a range whose integer bound float64 cannot
-hold; every other value and bound is a float64 exactly, and so is the comparison.
+Two kinds, each for a path the segment's field index covers:
 
-A segment keeps its columns for its life (its items never change; a merge makes a new
-segment with columns of its own), within `COLUMN_BUDGET_ROWS` rows: a path whose
-column does not fit in what is left (its read stops one row past the room) stays with
-the field index for good, logged once. Evicting a column for another would re-read
-both, each a full pass over the path's index rows, whenever queries alternate between
-them; the first paths to vary keep theirs. A column is read outside the lock, so
-searches on other paths go on meanwhile, and searches on the path being read use the
-field index until it is there.
+- number: the path's numbers (not booleans), when every item holds at most one and
+  every integer lies within ±2**53 (`EXACT_FLOAT_INTEGERS`). The values are float64,
+  each exactly the number stored, so a range whose bounds float64 holds exactly is
+  compared exactly, as `filters.Range.holds` compares; a path with a larger integer
+  (an int64 id, a nanosecond timestamp) has no number column, and a bound float64
+  would round goes to the field index, which compares integers exactly.
+- text: the path's strings and booleans, dictionary-encoded (int32 codes into a
+  list of the distinct values), when every item holds at most one of them. It
+  answers a match on strings and booleans only (a match on a number goes to the
+  field index); `true` and `"true"` are different entries, as the filter language
+  has them.
+
+The file, `seg.<n>.columns` (index format 3), all little-endian::
+
+    b"VTRCOLS1"  uint64 header length H  header (H bytes of JSON, space-padded so
+    that the arrays start at a multiple of 8)  arrays
+
+with the header `{"columns": [{"path": p, "kind": "number", "rows": r, "ids": o,
+"values": o}, {"path": p, "kind": "text", "rows": r, "ids": o, "codes": o,
+"dictionary": [...]}, ...]}`: per column, int64 ids (sorted, unique) of the r items
+holding a value, and aligned with them float64 values or int32 codes; o is an
+array's byte offset in the file. A segment with no such path still has the file
+(an empty list). Its sha256 and size are in the manifest like every segment file.
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import sqlite3
-import threading
+import struct
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .fields import FieldSelection
-from .filters import Range
+from .errors import StoreError
+from .filters import Match, Range, typed
 
-logger = logging.getLogger(__name__)
-
-COLUMN_AFTER_RANGES = 2
-"""Distinct ranges on a path that read its column (the first one reads the index)."""
-COLUMN_BUDGET_ROWS = 16 * 1024 * 1024
-"""Rows of the columns a segment keeps (16 bytes each: 256 MB at most)."""
-NUMBERS_OF_PATH = (
-    "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real')"
-)
-"""The field index's numeric rows of one path (texts and booleans are not numbers)."""
+MAGIC = b"VTRCOLS1"
 EXACT_FLOAT_INTEGERS = 2**53
 """Integers of at most this magnitude are float64 values exactly."""
-LARGE_INTEGERS_OF_PATH = (
+_PATHS = "SELECT DISTINCT path FROM fields"
+_NUMBERS = "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('integer', 'real')"
+_TEXTS = "SELECT id, value FROM fields WHERE path = ? AND typeof(value) IN ('text', 'blob')"
+_LARGE_INTEGERS = (
     "SELECT 1 FROM fields WHERE path = ? AND typeof(value) = 'integer' "
     "AND (value > ? OR value < ?) LIMIT 1"
 )
+_EMPTY = np.empty(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
-class Column:
-    """A numeric field: `ids` (sorted int64) of the items that have it, `values`
-    (float64) aligned with them."""
+class NumberColumn:
+    """A path's numbers: `ids` (sorted int64, (r,)) of the items holding one, `values`
+    (float64, (r,)) aligned with them."""
 
     ids: np.ndarray
     values: np.ndarray
 
-    def ids_in(self, leaf: Range) -> np.ndarray:
-        """Sorted ids whose value lies within `leaf`'s bounds."""
+    def ids_in(self, leaf: Range) -> np.ndarray | None:
+        """Sorted ids whose value lies within `leaf`'s bounds; None when a bound is an
+        integer float64 would round (the field index compares it exactly)."""
+        if not all(b is None or float(b) == b for b in leaf.bounds()):
+            return None
         keep = np.ones(self.ids.size, dtype=bool)
-        v = self.values
         for bound, within in (
             (leaf.gt, np.greater),
             (leaf.gte, np.greater_equal),
@@ -76,92 +83,174 @@ class Column:
             (leaf.lte, np.less_equal),
         ):
             if bound is not None:
-                keep &= within(v, bound)
+                keep &= within(self.values, bound)
         return self.ids[keep]
 
 
-def read_column(db: sqlite3.Connection, path: str, max_rows: int) -> Column | None:
-    """The numbers of `path` in the field index as a Column; None when an item has
-    several (a list field), there are more than `max_rows` (the read stops there) or
-    an integer float64 cannot hold. Rows stream from the cursor into the arrays,
-    without a Python list of them all."""
-    limit = EXACT_FLOAT_INTEGERS
-    if db.execute(LARGE_INTEGERS_OF_PATH, (path, limit, -limit)).fetchone():
-        return None
-    rows = db.execute(f"{NUMBERS_OF_PATH} LIMIT ?", (path, max_rows + 1))
-    pairs = np.fromiter(rows, dtype=[("id", np.int64), ("value", np.float64)])
-    if pairs.size > max_rows:
-        return None
-    order = np.argsort(pairs["id"], kind="stable")
-    ids, values = pairs["id"][order], pairs["value"][order]
+@dataclass(frozen=True)
+class TextColumn:
+    """A path's strings and booleans: `ids` (sorted int64, (r,)), `codes` (int32, (r,))
+    aligned with them, into `dictionary` (the distinct values, keyed by `typed` value:
+    `True` and `1` are different keys)."""
+
+    ids: np.ndarray
+    codes: np.ndarray
+    dictionary: dict[tuple[str, Any], int]
+
+    def ids_in(self, leaf: Match) -> np.ndarray | None:
+        """Sorted ids holding one of `leaf`'s values; None when it matches a number."""
+        if any(not isinstance(v, str | bool) for v in leaf.values):
+            return None
+        wanted = [self.dictionary[typed(v)] for v in leaf.values if typed(v) in self.dictionary]
+        if not wanted:
+            return _EMPTY
+        if len(wanted) == 1:
+            return self.ids[self.codes == wanted[0]]
+        return self.ids[np.isin(self.codes, np.asarray(wanted, dtype=np.int32))]
+
+
+@dataclass(frozen=True)
+class SegmentColumns:
+    """The columns of one sealed segment, by path (none for a format-2 segment)."""
+
+    numbers: dict[str, NumberColumn]
+    texts: dict[str, TextColumn]
+
+    def ids_in(self, leaf: Match | Range) -> np.ndarray | None:
+        """Sorted ids where `leaf` holds, from the path's column; None when no column
+        answers it (see the module docstring)."""
+        if leaf.field.label:
+            return None
+        if isinstance(leaf, Range):
+            number = self.numbers.get(leaf.field.name)
+            return None if number is None else number.ids_in(leaf)
+        text = self.texts.get(leaf.field.name)
+        return None if text is None else text.ids_in(leaf)
+
+
+NO_COLUMNS = SegmentColumns({}, {})
+"""The columns of a segment written before format 3."""
+
+
+# -- writing --------------------------------------------------------------------------
+
+
+def _by_id(ids: np.ndarray, *aligned: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """`ids` sorted and `aligned` in the same order; None when an id repeats."""
+    order = np.argsort(ids, kind="stable")
+    ids = ids[order]
     if ids.size > 1 and bool((ids[1:] == ids[:-1]).any()):
         return None
-    return Column(ids, values)
+    return (ids, *(a[order] for a in aligned))
 
 
-class RangeColumns:
-    """The columns of one sealed segment's item table (see the module docstring)."""
+def _number_column(db: sqlite3.Connection, path: str) -> tuple[np.ndarray, np.ndarray] | None:
+    limit = EXACT_FLOAT_INTEGERS
+    if db.execute(_LARGE_INTEGERS, (path, limit, -limit)).fetchone():
+        return None
+    pairs = np.fromiter(db.execute(_NUMBERS, (path,)), dtype=[("id", "<i8"), ("v", "<f8")])
+    if pairs.size == 0:
+        return None
+    found = _by_id(pairs["id"], pairs["v"])
+    return None if found is None else (found[0], found[1])
 
-    def __init__(
-        self,
-        db: sqlite3.Connection,
-        selection: FieldSelection,
-        budget_rows: int = COLUMN_BUDGET_ROWS,
-        name: str = "segment",
-    ) -> None:
-        self._db = db
-        self._name = name  # for the log
-        self._selection = selection
-        self._budget = budget_rows
-        self._ranges: dict[str, set[Range]] = {}  # path -> distinct ranges before its column
-        self._columns: dict[str, Column] = {}
-        self._index_only: set[str] = set()  # list fields and columns without room
-        self._reading: set[str] = set()
-        self._rows = 0
-        self._lock = threading.Lock()  # searches of one segment run in several threads
 
-    def ids_in(self, leaf: Range) -> np.ndarray | None:
-        """Sorted ids of the items in `leaf`'s range from the path's column, or None:
-        ask the field index (no column for this path, or not yet)."""
-        path = leaf.field.name
-        if leaf.field.label or not self._selection.covers(path):
-            return None
-        if not all(b is None or float(b) == b for b in leaf.bounds()):
-            return None  # an integer bound float64 rounds: the field index is exact
-        column = self._column(path, leaf)
-        return None if column is None else column.ids_in(leaf)
+def _text_column(
+    db: sqlite3.Connection, path: str
+) -> tuple[np.ndarray, np.ndarray, list[str | bool]] | None:
+    ids, values = [], []
+    for item_id, value in db.execute(_TEXTS, (path,)):
+        ids.append(item_id)
+        values.append(value if isinstance(value, str) else value == b"\x01")
+    if not ids:
+        return None
+    dictionary: dict[tuple[str, Any], int] = {}
+    codes = np.fromiter(
+        (dictionary.setdefault(typed(v), len(dictionary)) for v in values), dtype="<i4"
+    )
+    found = _by_id(np.asarray(ids, dtype="<i8"), codes)
+    if found is None:
+        return None
+    return found[0], found[1], [value for _, value in dictionary]
 
-    def _column(self, path: str, leaf: Range) -> Column | None:
-        with self._lock:
-            column = self._columns.get(path)
-            if column is not None or path in self._index_only or path in self._reading:
-                return column
-            seen = self._ranges.setdefault(path, set())
-            seen.add(leaf)
-            if len(seen) < COLUMN_AFTER_RANGES:
-                return None
-            del self._ranges[path]
-            self._reading.add(path)
-            room = self._budget - self._rows
-        try:
-            column = read_column(self._db, path, room)
-        except BaseException:
-            with self._lock:
-                self._reading.discard(path)
-            raise
-        with self._lock:  # one block: no search sees the path neither read nor kept
-            self._reading.discard(path)
-            if column is None or self._rows + column.ids.size > self._budget:
-                self._index_only.add(path)
-                logger.info(
-                    "%s: ranges on %r stay with the field index (a list field, an integer beyond "
-                    "2**53, or no room "
-                    "left in the segment's %d column rows)",
-                    self._name,
-                    path,
-                    self._budget,
-                )
-                return None
-            self._columns[path] = column
-            self._rows += column.ids.size
-            return column
+
+def write_columns(db: sqlite3.Connection, target: Path) -> None:
+    """Write the columns file of a segment (see the module docstring) to `target`, from
+    the field index in `db` (a segment's item table, written or being written)."""
+    arrays: list[np.ndarray] = []
+    specs: list[dict[str, Any]] = []
+    for (path,) in db.execute(_PATHS).fetchall():
+        number = _number_column(db, path)
+        if number is not None:
+            specs.append({"path": path, "kind": "number", "rows": int(number[0].size)})
+            arrays.extend(number)
+        text = _text_column(db, path)
+        if text is not None:
+            specs.append(
+                {"path": path, "kind": "text", "rows": int(text[0].size), "dictionary": text[2]}
+            )
+            arrays.extend(text[:2])
+    # the header's offsets depend on its length: give it room, grow the room if short
+    room = 0
+    while True:
+        offset = _aligned(len(MAGIC) + 8 + room)
+        at = iter(arrays)
+        for spec in specs:
+            for name in ("ids", "values") if spec["kind"] == "number" else ("ids", "codes"):
+                spec[name] = offset
+                offset = _aligned(offset + next(at).nbytes)
+        header = json.dumps({"columns": specs}).encode()
+        if len(header) <= room:
+            break
+        room = len(header) + 64
+    header = header.ljust(_aligned(len(MAGIC) + 8 + room) - len(MAGIC) - 8)
+    with open(target, "wb") as fh:
+        fh.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        for array in arrays:
+            fh.write(np.ascontiguousarray(array).tobytes())
+            fh.write(b"\0" * (-fh.tell() % 8))
+
+
+def _aligned(offset: int) -> int:
+    return offset + (-offset % 8)
+
+
+# -- reading --------------------------------------------------------------------------
+
+
+def read_columns(path: Path) -> SegmentColumns:
+    """The columns file at `path`, memory-mapped (StoreError when it is malformed; its
+    checksum is checked by the segment's verification, not here)."""
+    try:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        if bytes(raw[: len(MAGIC)]) != MAGIC:
+            raise ValueError("not a columns file (damaged header)")
+        (length,) = struct.unpack("<Q", bytes(raw[len(MAGIC) : len(MAGIC) + 8]))
+        start = len(MAGIC) + 8
+        specs = json.loads(bytes(raw[start : start + length]))["columns"]
+        numbers: dict[str, NumberColumn] = {}
+        texts: dict[str, TextColumn] = {}
+        for spec in specs:
+            rows, name = int(spec["rows"]), str(spec["path"])
+            ids = _array(raw, int(spec["ids"]), rows, "<i8")
+            if spec["kind"] == "number":
+                numbers[name] = NumberColumn(ids, _array(raw, int(spec["values"]), rows, "<f8"))
+            elif spec["kind"] == "text":
+                dictionary = {typed(v): code for code, v in enumerate(spec["dictionary"])}
+                codes = _array(raw, int(spec["codes"]), rows, "<i4")
+                texts[name] = TextColumn(ids, codes, dictionary)
+            else:
+                raise ValueError(f"unknown column kind {spec['kind']!r}")
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        raise StoreError(f"{path} is not a readable columns file: {exc}") from None
+    return SegmentColumns(numbers, texts)
+
+
+def _array(raw: np.ndarray, offset: int, rows: int, dtype: str) -> np.ndarray:
+    """`rows` values of `dtype` at byte `offset` of the mapped file (a view, (rows,))."""
+    end = offset + rows * np.dtype(dtype).itemsize
+    if offset < 0 or offset % 8 or end > raw.size:
+        raise ValueError(f"an array at bytes {offset}-{end} lies outside the file")
+    # a plain ndarray over the mapping: numpy's memmap subclass would follow every
+    # array computed from it (answers, their intersections) with overhead of its own
+    return np.asarray(raw[offset:end].view(dtype))

@@ -407,9 +407,10 @@ class IndexStore:
         return merge_segments(state, augment, everything=everything, rewrite=rewrite)
 
     def upgrade_format(self) -> None:
-        """Make the next save() write this format-1 index as format 2 (upgrade.py)."""
+        """Make the next save() write this index of an older format in the current one
+        (upgrade.py)."""
         with self._state.lock:
-            self._state.upgrade_legacy()
+            self._state.upgrade_format()
 
     def set_filter_fields(self, paths: Sequence[str] | None) -> None:
         """Choose the metadata paths segments written from now on index for filters

@@ -14,7 +14,9 @@ stored as SQLite integers and compared exactly, with integer and float bounds al
 
 A condition on a field the segment did not index (a selection that leaves it out,
 or a segment written before the field index existed) is answered by reading the
-segment's metadata column: correct, and logged once as slower.
+segment's metadata column: correct, and logged once as slower. Which of these, or a
+sealed segment's columns (columns.py), answers a condition is decided in one place:
+`filtering.leaf_ids`.
 """
 
 from __future__ import annotations
@@ -42,8 +44,6 @@ ALL_FIELDS: frozenset[str] | None = None
 _TRUE, _FALSE = b"\x01", b"\x00"
 LEAF_CACHE_IDS = 16 * 1024 * 1024
 """Ids a sealed segment remembers for recent filter conditions (128 MB at most)."""
-LEAF_CACHE_OFFERED = 1024
-"""Cheap conditions a segment remembers having been offered once (their keys only)."""
 
 
 class FieldSelection:
@@ -143,21 +143,13 @@ def read_selection(db: sqlite3.Connection) -> FieldSelection:
     return FieldSelection(None if row is None else json.loads(row[0]))
 
 
-def leaf_ids(
-    db: sqlite3.Connection,
-    leaf: Match | Range,
-    selection: FieldSelection,
-    where: str,
-) -> np.ndarray:
-    """Sorted unique int64 ids of the items of `db` (live or not) where `leaf` holds.
-
-    `where`: what the slow-path log line names (the segment).
-    """
+def index_ids(db: sqlite3.Connection, leaf: Match | Range) -> np.ndarray:
+    """Sorted unique int64 ids of the items of `db` (live or not) where `leaf` holds,
+    from the field index (the label from the item table's label index). The path
+    must be one the table indexes (`FieldSelection.covers`)."""
     field = leaf.field
     if field.label:
         return _label_ids(db, leaf)
-    if not selection.covers(field.name):
-        return _scan_ids(db, leaf, where)
     if isinstance(leaf, Match):
         values = [_encode(v) for v in leaf.values]
         sql = f"SELECT id FROM fields WHERE path = ? AND value IN ({_marks(len(values))})"
@@ -192,8 +184,10 @@ def _label_ids(db: sqlite3.Connection, leaf: Match | Range) -> np.ndarray:
 _warned: set[tuple[str, str]] = set()
 
 
-def _scan_ids(db: sqlite3.Connection, leaf: Match | Range, where: str) -> np.ndarray:
-    """The slow path: read every item's metadata and test the condition."""
+def scan_ids(db: sqlite3.Connection, leaf: Match | Range, where: str) -> np.ndarray:
+    """Sorted unique int64 ids of the items of `db` where `leaf` holds, by reading
+    every item's metadata (a path the table does not index); `where`: what the log
+    line, once per path, names (the segment)."""
     if (where, leaf.field.name) not in _warned:
         _warned.add((where, leaf.field.name))
         logger.warning(
@@ -212,19 +206,15 @@ def _scan_ids(db: sqlite3.Connection, leaf: Match | Range, where: str) -> np.nda
 
 class LeafCache:
     """The ids of recently used conditions, for a segment whose items never change
-    (sealed): a catalogue's filters repeat (a category, a price band), and reading a
-    condition matching millions of items costs far more than its search. Least
-    recently used first out, beyond `max_ids` ids in all (8 bytes each).
-
-    A cheap answer (a range from a numeric column, columns.py) is kept only when the
-    same condition is offered a second time: a slider's ranges mostly come once each,
-    and keeping them would push out conditions that cost an index scan, while a range
-    that repeats (a default price band) is then served as any other."""
+    (sealed): a catalogue's filters repeat (a category, a price band), and even a
+    column's answer costs a pass over the path's items, far more than a look-up.
+    Every answer is kept; least recently used first out, beyond `max_ids` ids in all
+    (8 bytes each). A condition that comes once (a slider's range) may push out one
+    that repeats: it is answered again from its source, a column for most paths."""
 
     def __init__(self, max_ids: int = LEAF_CACHE_IDS) -> None:
         self.max_ids = max_ids
         self._entries: dict[Match | Range, np.ndarray] = {}
-        self._offered: dict[Match | Range, None] = {}  # cheap ones seen once, oldest first
         self._size = 0
         self._lock = threading.Lock()  # searches of one segment run in several threads
 
@@ -235,17 +225,11 @@ class LeafCache:
                 self._entries[leaf] = found  # most recently used last
             return found
 
-    def put(self, leaf: Match | Range, ids: np.ndarray, cheap: bool = False) -> None:
-        """Remember `leaf`'s ids; a `cheap` one only at its second offer."""
+    def put(self, leaf: Match | Range, ids: np.ndarray) -> None:
+        """Remember `leaf`'s ids (not when they alone exceed the budget)."""
         if ids.size > self.max_ids:
             return
         with self._lock:
-            if cheap and leaf not in self._offered:
-                self._offered[leaf] = None  # first offer: remembered as a key only
-                if len(self._offered) > LEAF_CACHE_OFFERED:
-                    del self._offered[next(iter(self._offered))]
-                return
-            self._offered.pop(leaf, None)
             old = self._entries.pop(leaf, None)
             self._size += ids.size - (0 if old is None else old.size)
             self._entries[leaf] = ids
@@ -282,7 +266,8 @@ __all__ = [
     "check_field_paths",
     "create_tables",
     "field_rows",
+    "index_ids",
     "insert_fields",
-    "leaf_ids",
     "read_selection",
+    "scan_ids",
 ]

@@ -1,9 +1,10 @@
 """Filtered search: which items of a segment a filter allows, and how to search them.
 
-A filter (filters.py) is evaluated per segment from its field index (fields.py) into
-an `IdSet`: sorted item ids, possibly negated ("every item but these"), so that both
-a rare value (`match: "purple"`) and the absence of one (`must_not purple`) stay
-small sets. `must` intersects, `should` unites, `must_not` negates.
+A filter (filters.py) is evaluated per segment, each condition from one of three
+sources that `leaf_ids` chooses (a sealed segment's columns, the field index, the
+metadata scan), into an `IdSet`: sorted item ids, possibly negated ("every item
+but these"), so that both a rare value (`match: "purple"`) and the absence of one
+(`must_not purple`) stay small sets. `must` intersects, `should` unites, `must_not` negates.
 
 Then, per segment, the search is planned from the number of items the filter
 allows (counted exactly from the index, which is cheap beside the search):
@@ -20,11 +21,14 @@ allows (counted exactly from the index, which is cheap beside the search):
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import fields as fx
+from .columns import SegmentColumns
 from .filters import Filter, Match, Range
 
 EXACT_SEARCH_MAX = 20_000
@@ -88,6 +92,36 @@ def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 EVERYTHING = IdSet(_EMPTY, True)
 NOTHING = IdSet(_EMPTY, False)
+
+
+def leaf_ids(
+    leaf: Match | Range,
+    columns: SegmentColumns,
+    db: sqlite3.Connection,
+    selection: fx.FieldSelection,
+    where: str,
+) -> np.ndarray:
+    """Sorted unique int64 ids of a segment's items (tombstoned ones too) where `leaf`
+    holds, from the first of three sources that answers it:
+
+    1. the segment's columns (columns.py: sealed segments of format 3): a range on a
+       path with a number column whose bounds float64 holds exactly; a match of
+       strings or booleans on a path with a text column;
+    2. the SQLite field index (fields.py), for the label and every other condition on
+       a path the segment indexes: paths with several values an item, integers beyond
+       2**53, matches on numbers, the growing segment, segments of format 2;
+    3. the metadata scan, for a path the segment does not index (logged once).
+
+    `db`, `selection`: the segment's item table and the paths it indexes; `where`:
+    what the scan's log line names. Sealed segments remember the answers
+    (fields.LeafCache), whatever the source.
+    """
+    found = columns.ids_in(leaf)
+    if found is not None:
+        return found
+    if leaf.field.label or selection.covers(leaf.field.name):
+        return fx.index_ids(db, leaf)
+    return fx.scan_ids(db, leaf, where)
 
 
 def evaluate(flt: Filter, leaf_ids: Callable[[Match | Range], np.ndarray]) -> IdSet:

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from . import fields as fx
+from . import filtering
+from .columns import NO_COLUMNS
 from .errors import StoreError
 from .filters import Match, Range
 
@@ -235,7 +237,7 @@ class ItemTable:
 
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
         """Sorted ids of the items (deleted ones too) where `leaf` holds (fields.py)."""
-        return fx.leaf_ids(self.conn, leaf, self.fields, "the growing segment")
+        return filtering.leaf_ids(leaf, NO_COLUMNS, self.conn, self.fields, "the growing segment")
 
     def vectors_of(self, ids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, float32 (m, dim) vectors) of the items among `ids`, in id order."""

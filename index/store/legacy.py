@@ -7,6 +7,10 @@ search, get and evaluation work as before, while save() and a journalling open a
 for `vitrieval-index upgrade DIR`. The upgrade seals that segment into format-2
 files and replaces the manifest: the manifest is the commit point, so a crash before
 it leaves the format-1 index as it was, and its old files are removed only after.
+
+Format 2 (segments without columns files) is handled the same way: it opens
+read-only (loading.py), its field index answering every filter, and the upgrade
+writes each segment's columns file and commits a manifest of format 3.
 """
 
 from __future__ import annotations
@@ -64,8 +68,10 @@ def open_legacy(directory: Path, manifest: mf.Manifest, gpu: str) -> StoreState:
     return state  # committed and unchanged: nothing unsaved
 
 
-def legacy_message(directory: Path) -> str:
+def older_format_message(directory: Path, version: int) -> str:
+    """Why an index of an older format (1, or 2: segments without columns files) is
+    not written: what a save, a merge and a journalling open say."""
     return (
-        f"{directory} is an index of format 1, which this vitrieval reads but does not "
-        f"write: convert it with `vitrieval-index upgrade {directory}`"
+        f"{directory} is an index of format {version}, which this vitrieval reads but "
+        f"does not write: convert it with `vitrieval-index upgrade {directory}`"
     )

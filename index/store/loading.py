@@ -20,7 +20,7 @@ from .fields import FieldSelection, check_field_paths
 from .journal import JOURNAL_FILE, JOURNAL_LOCK_FILE, Journal, JournalOwner
 from .journal_repair import row_problem, unappliable_row
 from .leases import Lease
-from .legacy import legacy_message, open_legacy
+from .legacy import older_format_message, open_legacy
 from .persist import TUNABLE_PARAMS, committed_files
 from .segment import SealedSegment
 from .store_state import StoreState
@@ -297,13 +297,14 @@ def open_store(
         manifest = mf.read_manifest(directory)
         check_expected(manifest, directory, fingerprint, dim)
         try:
+            if journal and manifest.format_version != mf.FORMAT_VERSION:
+                raise StoreError(older_format_message(directory, manifest.format_version))
             if manifest.format_version == mf.LEGACY_FORMAT_VERSION:
-                if journal:
-                    raise StoreError(legacy_message(directory))
                 state = open_legacy(directory, manifest, gpu)
                 store = wrap(state)
             else:
                 state = load(directory, manifest, gpu)
+                state.opened_format(manifest.format_version)
                 store = wrap(state)
                 if verify:
                     store.verify()

@@ -5,9 +5,11 @@ a file is trusted only after it matches both. Writing the manifest (atomically) 
 what commits a generation, so anything not named in it is either an older
 generation or the debris of an interrupted save, and is never read.
 
-Format 2 (segments) lists the sealed segments with their files and tombstones, and
-the trained quantizer; format 1 (one generation: index.<g>.faiss + items.<g>.sqlite)
-is still read, for read-only use and for `vitrieval-index upgrade`.
+Format 3 lists the sealed segments with their files (each with its columns file,
+columns.py) and tombstones, and the trained quantizer. Older formats are still read,
+for read-only use and for `vitrieval-index upgrade`: format 2 (the same, segments
+without columns files) and format 1 (one generation: index.<g>.faiss +
+items.<g>.sqlite).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from .errors import ScrubStopped, StoreError, WriterLockTimeout
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+COLUMNLESS_FORMAT_VERSION = 2
+"""Segments without columns files: read (their field index answers), not written."""
 LEGACY_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MODEL_COPY_FILE = "model.onnx"
@@ -47,7 +51,7 @@ _CHUNK = 1 << 20
 # may have): what an interrupted first save can leave in a folder with no manifest.
 _SAVE_FILE = re.compile(
     r"model\.\d+\.onnx|quantizer\.\d+\.faiss"
-    r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|del\.\d+\.npy|dba\.faiss|dba\.npy)"
+    r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|columns|del\.\d+\.npy|dba\.faiss|dba\.npy)"
 )
 # Every name the store ever writes; only these are checked, read or cleaned up, so
 # anything else a user keeps in the folder is left alone.
@@ -75,6 +79,11 @@ def segment_items_file(number: int) -> str:
 
 def segment_vectors_file(number: int) -> str:
     return f"seg.{number}.vectors.npy"
+
+
+def segment_columns_file(number: int) -> str:
+    """Segment `number`'s columns of its indexed paths (columns.py; format 3)."""
+    return f"seg.{number}.columns"
 
 
 def segment_dba_index_file(number: int) -> str:
@@ -187,8 +196,8 @@ class SegmentEntry:
 class Manifest:
     """One committed generation, exactly as manifest.json states it.
 
-    Format 2: `segments`, `quantizer` (the trained empty index new segments start
-    from, for factories that train) and `next_id`; `files` is empty. Format 1:
+    Formats 3 and 2: `segments`, `quantizer` (the trained empty index new segments
+    start from, for factories that train) and `next_id`; `files` is empty. Format 1:
     `files` holds the generation's two files; the rest is empty.
     """
 
@@ -237,7 +246,7 @@ class Manifest:
                 "updated": self.updated,
             }
         return {
-            "format_version": FORMAT_VERSION,
+            "format_version": self.format_version,
             "generation": self.generation,
             "model": self.model.to_json() if self.model else None,
             "dim": self.dim,
@@ -314,12 +323,14 @@ def _parse_named(raw: Any, where: Path, pattern: re.Pattern[str]) -> NamedFile:
     return NamedFile(name, _parse_entry(raw, name, where))
 
 
-_SEGMENT_FILE = re.compile(r"seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|dba\.faiss|dba\.npy)")
+_SEGMENT_FILE = re.compile(
+    r"seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|columns|dba\.faiss|dba\.npy)"
+)
 _TOMBSTONE_FILE = re.compile(r"seg\.\d+\.del\.\d+\.npy")
 _QUANTIZER_FILE = re.compile(r"quantizer\.\d+\.faiss")
 
 
-def _parse_segment(raw: Any, where: Path) -> SegmentEntry:
+def _parse_segment(raw: Any, where: Path, version: int) -> SegmentEntry:
     if not isinstance(raw, dict):
         raise StoreError(f"{where} is invalid: a segment entry is not an object")
     number = _require(raw, "number", int, where)
@@ -328,7 +339,10 @@ def _parse_segment(raw: Any, where: Path) -> SegmentEntry:
         if not (_SEGMENT_FILE.fullmatch(name) and name.startswith(f"seg.{number}.")):
             raise StoreError(f"{where} is invalid: unexpected segment file name {name!r}")
         files[name] = _parse_entry(entry, name, where)
-    for name in (segment_index_file(number), segment_items_file(number)):
+    required = [segment_index_file(number), segment_items_file(number)]
+    if version > COLUMNLESS_FORMAT_VERSION:
+        required.append(segment_columns_file(number))
+    for name in required:
         if name not in files:
             raise StoreError(f"{where} is invalid: segment {number} does not list {name}")
     tombstones = None
@@ -399,7 +413,7 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
         format_version=version,
         dba=None if dba is None else (int(dba["neighbours"]), float(dba["alpha"])),
         filter_fields=None if filter_fields is None else tuple(filter_fields),
-        segments=tuple(_parse_segment(raw, where) for raw in raw_segments),
+        segments=tuple(_parse_segment(raw, where, version) for raw in raw_segments),
         quantizer=None if quantizer is None else _parse_named(quantizer, where, _QUANTIZER_FILE),
         next_id=_require(data, "next_id", int, where),
         search_params={str(k): int(v) for k, v in params.items()},

@@ -23,7 +23,7 @@ from . import manifest as mf
 from .errors import StoreError
 from .journal import JournalOwner
 from .leases import Lease, leased_files
-from .legacy import legacy_message
+from .legacy import older_format_message
 from .memory_segment import MemorySegment
 from .merge import pick_merge
 from .segment import Augment, SealedSegment, write_segment, write_tombstones
@@ -39,8 +39,8 @@ def save(state: StoreState) -> bool:
     when nothing had changed (nothing was written)."""
     with state.commit_lock:
         with state.lock:
-            if state.legacy:
-                raise StoreError(legacy_message(state.directory))
+            if not state.writable:
+                raise StoreError(older_format_message(state.directory, state.format_version))
             if not state.unsaved_changes:
                 return False
             state.directory.mkdir(parents=True, exist_ok=True)
@@ -88,8 +88,8 @@ def merge(
     """`IndexStore.merge`; `augment` computes the DBA vectors of what it writes."""
     with state.commit_lock:
         with state.lock:
-            if state.legacy:
-                raise StoreError(legacy_message(state.directory))
+            if not state.writable:
+                raise StoreError(older_format_message(state.directory, state.format_version))
             if not state.owns_journal:
                 JournalOwner.check_free(state.directory)  # a server owns this index
             healthy = state.healthy_sealed()
@@ -198,6 +198,7 @@ def _commit(
         next_id=state.next_id,
         search_params={k: v for k, v in state.search_params().items() if k in TUNABLE_PARAMS},
         filter_fields=state.filter_fields.paths_tuple(),
+        format_version=mf.FORMAT_VERSION,
         dba=state.dba,
         journal=journal,
     )

@@ -10,6 +10,9 @@ One sealed segment n of an index directory is::
                            read-only, queried on disk, never loaded whole
     seg.<n>.vectors.npy    float32 (rows, dim), memory-mapped: the exact vectors, for
                            every factory but "Flat" (whose FAISS file holds them)
+    seg.<n>.columns        the indexed paths' values as columns, memory-mapped, which
+                           answer most filter conditions (columns.py; format 3: a
+                           format-2 segment has none, its field index answers)
     seg.<n>.del.<g>.npy    the segment's tombstones as of generation g (sorted int64
                            ids of items removed since it was sealed); small, rewritten
                            by the save that changes them
@@ -35,11 +38,11 @@ import faiss
 import numpy as np
 
 from ..atomic import atomic_path
+from . import columns as cl
 from . import fields as fx
 from . import manifest as mf
-from .columns import RangeColumns
 from .errors import StoreError, faiss_reason
-from .filtering import contains
+from .filtering import contains, leaf_ids
 from .filters import Match, Range
 from .items import ItemRecord
 from .memory_segment import SegmentRow
@@ -99,7 +102,9 @@ class SealedSegment:
         self._db = self._open_items()
         self.fields = fx.read_selection(self._db)
         self._leaf_cache = fx.LeafCache()
-        self._range_columns = RangeColumns(self._db, self.fields, name=self._name)
+        columns = mf.segment_columns_file(self.number)
+        has_columns = columns in entry.files
+        self.columns = cl.read_columns(directory / columns) if has_columns else cl.NO_COLUMNS
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         # the DBA vector set (augment.py), when a merge computed one: (index, raw)
@@ -265,18 +270,29 @@ class SealedSegment:
         return {row[0]: row[1:] for row in self._select(sql, sorted(set(ids)))}
 
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
-        """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds;
-        remembered, as a sealed segment's items never change (fields.LeafCache)."""
+        """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds,
+        from the source `filtering.leaf_ids` chooses; remembered, as a sealed
+        segment's items never change (fields.LeafCache)."""
         found = self._leaf_cache.get(leaf)
-        if found is not None:
-            return found
-        if isinstance(leaf, Range):  # a range that varies: from its column (columns.py)
-            found = self._range_columns.ids_in(leaf)
-        from_column = found is not None
         if found is None:
-            found = fx.leaf_ids(self._db, leaf, self.fields, self._name)
-        self._leaf_cache.put(leaf, found, cheap=from_column)
+            found = leaf_ids(leaf, self.columns, self._db, self.fields, self._name)
+            self._leaf_cache.put(leaf, found)
         return found
+
+    def write_columns(self) -> None:
+        """Give a segment of format 2 its columns file (`vitrieval-index upgrade`), from
+        its field index, verified first; the next commit lists it."""
+        name = mf.segment_columns_file(self.number)
+        if name in self.entry.files:
+            return
+        self.verify()
+        with atomic_path(self.directory / name) as tmp:
+            cl.write_columns(self._db, tmp)
+            checksum = mf.sha256_file(tmp)
+        files = {**self.entry.files, name: checksum}
+        self.entry = mf.SegmentEntry(self.number, self.entry.rows, files, self.entry.tombstones)
+        self._identity = {**self._identity, name: file_identity(self.directory / name)}
+        self.columns = cl.read_columns(self.directory / name)
 
     def _view(self, augmented: bool) -> tuple[VectorIndex, np.ndarray]:
         """The vector set searched: the DBA one when asked for and present."""
@@ -406,7 +422,8 @@ def write_segment(
     `template` is an empty index of the store's factory (trained, for IVF/PQ) that the
     vectors are added to; `prebuilt`, when given, is an index already holding exactly
     these vectors under these ids (a growing segment without tombstones), written as is.
-    `fields`: the metadata paths the segment's field index covers (fields.py).
+    `fields`: the metadata paths the segment's field index covers (fields.py), and
+    its columns file (columns.py) holds.
     `augment`, when given, maps a batch's (ids, vectors) to their DBA vectors, which
     are written as the segment's second vector set (augment.py).
     """
@@ -416,9 +433,11 @@ def write_segment(
     items_name = mf.segment_items_file(number)
     vectors_name = mf.segment_vectors_file(number)
     index_name = mf.segment_index_file(number)
+    columns_name = mf.segment_columns_file(number)
     files: dict[str, mf.FileEntry] = {}
     with contextlib.ExitStack() as stack:
         items_tmp = stack.enter_context(atomic_path(directory / items_name))
+        columns_tmp = stack.enter_context(atomic_path(directory / columns_name))
         vectors_tmp = (
             stack.enter_context(atomic_path(directory / vectors_name)) if keep_vectors else None
         )
@@ -449,6 +468,7 @@ def write_segment(
             for statement in (*_ITEMS_INDEXES, fx.FIELDS_INDEX):
                 db.execute(statement)
             db.commit()
+            cl.write_columns(db, columns_tmp)
         finally:
             db.close()
             if raw is not None:
@@ -462,6 +482,7 @@ def write_segment(
             files.update(_write_dba(directory, number, template, augment, batches_back, rows))
         files[items_name] = mf.sha256_file(items_tmp)
         files[index_name] = mf.sha256_file(index_tmp)
+        files[columns_name] = mf.sha256_file(columns_tmp)
         if vectors_tmp is not None:
             files[vectors_name] = mf.sha256_file(vectors_tmp)
     return mf.SegmentEntry(number=number, rows=rows, files=files, tombstones=None)

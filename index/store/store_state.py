@@ -69,7 +69,8 @@ class StoreState:
         self._model = model
         self._committed = committed
         self._base_generation = committed.generation if committed else None
-        self._legacy = legacy  # a format-1 index: readable, not writable (upgrade first)
+        # the format of the index as opened: an older one is read, not written (upgrade)
+        self._format = mf.LEGACY_FORMAT_VERSION if legacy else mf.FORMAT_VERSION
         self._model_source: Path | None = None  # a model still to copy in at save
         self._sealed: list[SealedSegment] = sealed or []
         self._sealing: list[MemorySegment] = []  # frozen growing segments being written
@@ -127,7 +128,17 @@ class StoreState:
     @property
     def legacy(self) -> bool:
         """A format-1 index: read-only until upgraded."""
-        return self._legacy
+        return self._format == mf.LEGACY_FORMAT_VERSION
+
+    @property
+    def writable(self) -> bool:
+        """Whether the index is of the format this vitrieval writes (older formats are
+        read-only until `vitrieval-index upgrade`)."""
+        return self._format == mf.FORMAT_VERSION
+
+    def opened_format(self, version: int) -> None:
+        """The index was opened from a manifest of format `version` (loading.py)."""
+        self._format = version
 
     @property
     def trainable(self) -> bool:
@@ -200,7 +211,7 @@ class StoreState:
 
     @property
     def format_version(self) -> int:
-        return mf.LEGACY_FORMAT_VERSION if self._legacy else mf.FORMAT_VERSION
+        return self._format
 
     # -- segments -----------------------------------------------------------------------
 
@@ -368,11 +379,16 @@ class StoreState:
             self._journal.close()
             self._journal = None
 
-    def upgrade_legacy(self) -> None:
-        """Make the next save write this format-1 index as format 2."""
-        self._legacy = False
+    def upgrade_format(self) -> None:
+        """Make the next save write this index in the current format: a format-1 index
+        is sealed anew; a format-2 one has its segments' columns files written now."""
+        if self._format == mf.COLUMNLESS_FORMAT_VERSION:
+            for segment in self._sealed:
+                segment.write_columns()
+        else:
+            self._quantizer_dirty = self._trainable
+        self._format = mf.FORMAT_VERSION
         self._dirty = True
-        self._quantizer_dirty = self._trainable
 
     # -- saving and merging (persist.py; callers hold `lock`) -----------------------------
 

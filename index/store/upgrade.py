@@ -1,4 +1,5 @@
-"""`vitrieval-index upgrade`: a format-1 index directory converted to format 2 in place."""
+"""`vitrieval-index upgrade`: an index directory of format 1 or 2 converted to the
+current format (3) in place."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ from .core import IndexStore
 
 
 def upgrade(directory: str | Path) -> tuple[int, int]:
-    """Convert a format-1 index directory to format 2 in place; returns (format found,
-    items). Journalled mutations are replayed and included. A no-op for format 2."""
+    """Convert an index directory of an older format to the current one in place;
+    returns (format found, items). Format 1 is sealed into segments (journalled
+    mutations replayed and included); format 2 gets its segments' columns files. A
+    no-op for the current format. The manifest is the commit point: a failure before
+    it leaves the index as it was (the files written meanwhile are debris)."""
     store = IndexStore.open(directory)
     try:
-        if store.format_version != mf.LEGACY_FORMAT_VERSION:
-            return mf.FORMAT_VERSION, len(store)
+        found = store.format_version
+        if found == mf.FORMAT_VERSION:
+            return found, len(store)
         store.upgrade_format()
         store.save()
-        return mf.LEGACY_FORMAT_VERSION, len(store)
+        return found, len(store)
     finally:
         store.close()
