@@ -288,9 +288,14 @@ def count_changed(
     metadata: Sequence[dict | None],
 ) -> int:
     """How many of `keys`, already in `store`, come with another label or metadata than
-    the index holds: a build skips present keys, so a list edited since says so."""
+    the index holds: a build skips present keys, so a list edited since says so.
+
+    Only entries that give a label or metadata are read back (one item read each): a
+    resumed folder build without labels, the common large resume, reads nothing."""
     changed = 0
     for key, label, meta in zip(keys, labels, metadata, strict=True):
+        if label is None and not meta:
+            continue
         record = store.get(key)
         if record is not None and (record.label != label or record.metadata != (meta or {})):
             changed += 1
