@@ -348,17 +348,20 @@ def _repair_journals(index: str) -> None:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
+    """Each store of the index (every shard of a sharded one) converted in place."""
+    from .shards.layout import store_directories
     from .store import upgrade
     from .store.manifest import FORMAT_VERSION
 
-    found, items = upgrade(args.index)
-    if found == FORMAT_VERSION:
-        print(f"{args.index} is already in format {FORMAT_VERSION}; nothing to do")
-    else:
-        print(
-            f"{args.index}: converted from format {found} to format {FORMAT_VERSION} "
-            f"({items} items)"
-        )
+    for directory in store_directories(args.index):
+        found, items = upgrade(directory)
+        if found == FORMAT_VERSION:
+            print(f"{directory} is already in format {FORMAT_VERSION}; nothing to do")
+        else:
+            print(
+                f"{directory}: converted from format {found} to format {FORMAT_VERSION} "
+                f"({items} items)"
+            )
     return 0
 
 

@@ -26,7 +26,7 @@ from index.embeddings import EmbeddingsFolder, write_part
 from index.model_metadata import read_model_metadata
 from index.shards import ShardedStore, open_index, shard_of
 from index.shards.build import build_shard, build_sharded
-from index.shards.layout import SHARDS_FILE
+from index.shards.layout import SHARDS_FILE, shard_name
 from index.store import IndexStore, KeyExistsError
 from index.store import manifest as mf
 from index.store.vectors import VectorIndex
@@ -231,6 +231,30 @@ def test_mutations_go_to_the_owning_shard_and_survive_a_reopen(tmp_path, tied):
     same_hits(one.search(x[:12], 5, label="fresh"), again.search(x[:12], 5, label="fresh"))
     assert again.keys() == one.keys()
     assert again.remove(new) == 12 and len(again) == len(one) - 12
+
+
+def test_a_shard_of_an_older_format_is_reported_and_upgraded(tmp_path, tied, capsys):
+    """A sharded index reports its oldest shard's format, and `upgrade` converts every
+    shard that is behind."""
+    build_sharded(tied["emb"], tmp_path / "sharded", "", "Flat", 3, 100, in_process)
+    behind = tmp_path / "sharded" / shard_name(1)
+    manifest = json.loads((behind / mf.MANIFEST).read_text())
+    manifest["format_version"] = mf.COLUMNLESS_FORMAT_VERSION
+    for segment in manifest["segments"]:
+        for name in [n for n in segment["files"] if n.endswith(".columns")]:
+            del segment["files"][name]
+            (behind / name).unlink()
+    (behind / mf.MANIFEST).write_text(json.dumps(manifest))
+    with open_index(tmp_path / "sharded") as old:
+        assert old.format_version == mf.COLUMNLESS_FORMAT_VERSION
+        assert old.info()["format_version"] == mf.COLUMNLESS_FORMAT_VERSION
+    code, out, _ = run(capsys, "upgrade", tmp_path / "sharded")
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == 3
+    assert f"{shard_name(1)}: converted from format {mf.COLUMNLESS_FORMAT_VERSION}" in lines[1]
+    assert f"{shard_name(0)} is already in format" in lines[0]
+    with open_index(tmp_path / "sharded") as new:
+        assert new.format_version == new.info()["format_version"] == mf.FORMAT_VERSION
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,8 @@ class ShardedStore:
 
     @property
     def format_version(self) -> int:
-        return mf.FORMAT_VERSION
+        """The oldest format among the shards: `upgrade` is due while any shard is behind."""
+        return min(s.format_version for s in self.shards)
 
     @property
     def next_id(self) -> int:
@@ -360,7 +361,7 @@ def combine_info(
     updated = [p["updated"] for p in parts if p["updated"]]
     return {
         "directory": str(directory),
-        "format_version": mf.FORMAT_VERSION,
+        "format_version": min(p["format_version"] for p in parts),
         "shards": len(parts),
         "shard_format": f"{SHARDS_FILE} version {VERSION}, rule {RULE}",
         "generation": [p["generation"] for p in parts],
