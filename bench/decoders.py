@@ -11,7 +11,7 @@ i.e. `open_image(path, draft_size=2 * resize)` as `Embedder` calls it:
 - `pillow`: `open_image` with `VITRIEVAL_DECODER=pillow` (the path without libvips:
   JPEG draft, full decode otherwise, strip-wise box reduction);
 - `vips`: `open_image` with `VITRIEVAL_DECODER=vips`, what vitrieval does with the
-  `vips` extra (index/vips_decode.py: the same header checks, then libvips for PNG
+  `vips` extra (index/runtime/vips_decode.py: the same header checks, then libvips for PNG
   from 0.25 MP, streamed, and WebP from 3 MP, scaled on load; JPEG and smaller files
   stay with Pillow);
 - `vips-any-size`: the same without the size thresholds (why they are there);
@@ -48,8 +48,8 @@ from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from PIL import Image
 from skimage import data as skdata
 
-from index import vips_decode
-from index.images import open_image
+from index.runtime import vips_decode
+from index.runtime.images import open_image
 
 FORMATS = {"PNG": {}, "WEBP": {"quality": 90}, "JPEG": {"quality": 90}}
 RESIZES = (248, 64)  # the preprocessing's resize size: ViT-S/16 at 224 px, a 64 px preset
@@ -124,7 +124,7 @@ RSS_CHILD = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
 from decoders import decode
-from index import vips_decode
+from index.runtime import vips_decode
 vips_decode.active_decoder(); import pyvips; pyvips.Image.black(8, 8).numpy()
 def status(field):
     with open("/proc/self/status") as f:

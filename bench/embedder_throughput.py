@@ -6,7 +6,7 @@ one run, interleaved over rounds (median reported):
 - `torch eager`: what a plain PyTorch script does: decode with PIL, timm's eval
   transform, model forward under `torch.inference_mode`, batch after batch, one thread
   of Python;
-- `embedder`: `index.embedder.Embedder.embed_sources` on the file paths (decoding in
+- `embedder`: `index.runtime.embedder.Embedder.embed_sources` on the file paths (decoding in
   worker threads while ONNX Runtime runs the previous batch);
 - `bare ORT`: `InferenceSession.run` on tensors decoded and preprocessed beforehand,
   the ceiling for any pipeline around this model.
@@ -33,9 +33,9 @@ from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from serve_load import write_photos  # photo crops, shared with the load benchmark
 from timm.data import create_transform
 
-from index.embedder import Embedder
-from index.images import open_image
-from index.preprocess import Preprocessor
+from index.runtime.embedder import Embedder
+from index.runtime.images import open_image
+from index.runtime.preprocess import Preprocessor
 from training.config import FitConfig
 from training.export import export_model, model_metadata
 from training.model import build_model

@@ -9,7 +9,7 @@ reason; with no GPU at all the script prints "no GPU: ..." and exits 0.
    training/trainer.py does). Models: the `small` preset (64 px, patch 8, width 192,
    depth 6) and ViT-S/16 at 224 (`vit_small_patch16_224`, random weights). Median
    milliseconds per step over rounds, img/s, the AMP speed-up.
-2. Embedding (ONNX Runtime's CUDAExecutionProvider through index.embedder.Embedder):
+2. Embedding (ONNX Runtime's CUDAExecutionProvider through index.runtime.embedder.Embedder):
    the same two models exported with training.export (random weights: speed does not
    depend on them), preprocessed batches of 64 through `Embedder.embed_arrays`, so the
    model alone is timed (decoding is CPU work, measured by bench/embedder_throughput.py).
@@ -250,7 +250,7 @@ def export_models(folder: Path) -> dict[str, dict[str, Path]]:
 
 
 def embed_section(args: argparse.Namespace, device: str = "cuda") -> list[dict[str, Any]]:
-    from index.embedder import Embedder
+    from index.runtime.embedder import Embedder
 
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:  # pip-installed CUDA / cuDNN (onnxruntime-gpu[cuda,cudnn])

@@ -260,7 +260,7 @@ def embed_setup(s: Settings) -> tuple[Any, dict[str, TorchEmbedder], np.ndarray]
 
 
 def _embed_setup(s: Settings, folder: Path) -> tuple[Any, dict[str, TorchEmbedder], np.ndarray]:
-    from index.embedder import Embedder
+    from index.runtime.embedder import Embedder
     from training.config import FitConfig
     from training.export import export_model, model_metadata
     from training.model import build_model

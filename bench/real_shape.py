@@ -7,7 +7,7 @@ rounds (median), as ratios:
 
 - `torch eager`: decode each JPEG with PIL, timm's eval transform, the model under
   `torch.inference_mode`, batch after batch (what a plain PyTorch script does);
-- `Embedder`: `index.embedder.Embedder.embed_sources` on the files, with the plain,
+- `Embedder`: `index.runtime.embedder.Embedder.embed_sources` on the files, with the plain,
   the fused and the fused INT8 model;
 - bare ONNX Runtime on tensors decoded beforehand, for the plain graph, ONNX
   Runtime's `transformers` optimiser (model_type 'vit'), vitrieval's fused attention
@@ -56,14 +56,14 @@ from PIL import Image
 from skimage import data as skdata
 from timm.data import create_transform
 
-from index.datasets import load_dataset
-from index.embedder import Embedder
-from index.images import open_image
-from index.metrics import retrieval_metrics
-from index.model_metadata import read_model_metadata
-from index.optimize import optimize_model
-from index.preprocess import Preprocessor
-from index.quantize import quantize_model
+from index.evaluation.datasets import load_dataset
+from index.evaluation.metrics import retrieval_metrics
+from index.runtime.embedder import Embedder
+from index.runtime.images import open_image
+from index.runtime.model_metadata import read_model_metadata
+from index.runtime.optimize import optimize_model
+from index.runtime.preprocess import Preprocessor
+from index.runtime.quantize import quantize_model
 from training.cli import main as train_cli
 from training.config import FitConfig
 from training.export import init_only_model

@@ -56,14 +56,14 @@ from real_shape import write_catalogue
 from serve_http import Server, machine_busy_seconds
 from serve_load import run_cell
 
-from index.build import build_index
-from index.embedder import Embedder
-from index.images import open_image
-from index.model_metadata import read_model_metadata
-from index.optimize import optimize_model
-from index.preprocess import Preprocessor
-from index.quantize import quantize_model
-from index.sources import walk_images
+from index.pipeline.build_index import build_index
+from index.pipeline.sources import walk_images
+from index.runtime.embedder import Embedder
+from index.runtime.images import open_image
+from index.runtime.model_metadata import read_model_metadata
+from index.runtime.optimize import optimize_model
+from index.runtime.preprocess import Preprocessor
+from index.runtime.quantize import quantize_model
 from training.cli import main as train_cli
 
 SERVER_LAYOUTS: dict[str, tuple[list[str], Callable[[int], dict[str, str]]]] = {

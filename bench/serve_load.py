@@ -85,10 +85,10 @@ def build_throwaway(folder: Path, gallery: int) -> tuple[Path, Path]:
     held-out digits (64 px PNG files) embedded with it."""
     import torch
 
-    from index.build import build_index
-    from index.datasets import csv_list, load_dataset
-    from index.embedder import Embedder
-    from index.sources import write_image_folder
+    from index.evaluation.datasets import csv_list, load_dataset
+    from index.pipeline.build_index import build_index
+    from index.pipeline.sources import write_image_folder
+    from index.runtime.embedder import Embedder
     from training.config import FitConfig
     from training.export import export_model, model_metadata
     from training.model import build_model

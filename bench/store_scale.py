@@ -7,7 +7,7 @@ synthetic 384-d unit vectors from bench/search_qps.py's clustered mixture:
 
 - build: `vitrieval-index build --embeddings EMB --model M.onnx --factory F --out INDEX`
   in a child process, from a Parquet embeddings folder this script writes (parts of
-  100,000 rows, index/embeddings.py's writer; the model is a tiny ONNX graph whose
+  100,000 rows, index/pipeline/embeddings_folder.py's writer; the model is a tiny ONNX graph whose
   embedding_dim is 384, written here too). Wall time, and the child's peak RSS (its
   rusage from wait4). Disk bytes per vector: every file of INDEX over N.
 - open: `IndexStore.open` in a fresh process (median of 3): seconds, RSS before and
@@ -140,7 +140,7 @@ def write_model(path: Path) -> str:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from index.model_metadata import ModelMetadata
+    from index.runtime.model_metadata import ModelMetadata
 
     w = np.random.default_rng(7).standard_normal((3 * 16 * 16, D)).astype(np.float32)
     graph = helper.make_graph(
@@ -180,7 +180,7 @@ def write_data(work: Path, n: int, queries: int, milvus: bool) -> dict[str, Any]
     and with the 1,001 vectors the benchmark adds)."""
     from PIL import Image
 
-    from index.embeddings import META_FILE, part_name, write_part
+    from index.pipeline.embeddings_folder import META_FILE, part_name, write_part
 
     t0 = time.perf_counter()
     emb = work / "emb"

@@ -36,7 +36,7 @@ BROWSER_CONNECTIONS = 6
 
 def page_times(files: list[Path], page: int) -> dict[str, float]:
     """One page of `page` thumbnails from `files` (cycled): total and slowest, ms."""
-    from index.images import DEFAULT_MAX_PIXELS
+    from index.runtime.images import DEFAULT_MAX_PIXELS
     from service.routers.items import thumbnail_jpeg
 
     chosen = [files[i % len(files)] for i in range(page)]

@@ -14,7 +14,7 @@ training transform at the preset's input size, `--workers` processes, batch 16.
     python bench/train_decode.py [--images 48] [--preset tiny] [--epochs 5] [--workers N]
 
 The no-cache epochs run first: a worker forked after this process decoded with
-libvips would have to decode with it (see index/vips_decode.py).
+libvips would have to decode with it (see index/runtime/vips_decode.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from machine import cpu_model
 from PIL import Image
 from skimage import data as skdata
 
-from index.datasets import Item
+from index.evaluation.datasets import Item
 from training.config import FitConfig
 from training.data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
 from training.decode_cache import DecodeCache, working_side

@@ -6,7 +6,7 @@ Ray installed ends in one line naming the extra (`distributed.cluster`).
 
 - `distributed.cluster`: the `--ray ADDRESS` values and the cluster's start and stop.
 - `distributed.embed`: `vitrieval-index embed --ray`, the parts embedded by a Ray Data
-  actor pool into the same embeddings folder `index.embed` writes.
+  actor pool into the same embeddings folder `index.pipeline.embed_folder` writes.
 - `distributed.build`: `vitrieval-index build --shards N --ray`, each shard's build a
   Ray task.
 - `distributed.serve`: `vitrieval-serve --ray`, the HTTP service as a Ray Serve

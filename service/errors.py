@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from index.images import (
+from index.runtime.images import (
     ImageDecodeError,
     ImageShapeError,
     ImageTooLargeError,
@@ -51,9 +51,9 @@ class ApiError(Exception):
 
 
 def image_error(exc: Exception, name: str = "the image") -> ApiError:
-    """The API error for an image that failed to decode (see index.images); the message
+    """The API error for an image that failed to decode (see index.runtime.images); the message
     calls the image `name` (the uploaded file's name, say)."""
-    # index.images names an in-memory image "<bytes>"
+    # index.runtime.images names an in-memory image "<bytes>"
     detail = str(exc).replace("<bytes>", name, 1)
     if isinstance(exc, ImageTooLargeError):
         return ApiError(413, "image_too_large", detail)

@@ -18,10 +18,10 @@ from PIL import Image
 
 from index.atomic import atomic_write_bytes, fsync_dir
 from index.contract import Index, LocalIndex
-from index.embedder import CPU, Embedder, ort_cpu_reason, select_providers
 from index.follow import CommitFollower
 from index.gpu_notice import claim_cpu_only, log_cpu_only
-from index.images import DecodeBudget, DecodeBudgetBusy
+from index.runtime.embedder import CPU, Embedder, ort_cpu_reason, select_providers
+from index.runtime.images import DecodeBudget, DecodeBudgetBusy
 from index.shards import ShardedStore, open_index
 from index.store import IndexStore
 from index.store.vectors import check_gpu_mode, faiss_cpu_reason
@@ -93,7 +93,7 @@ class ServiceState:
     @classmethod
     def load(cls, settings: Settings, metrics: ServiceMetrics | None = None) -> ServiceState:
         """Load the model and the index and run the self-check; StartupError on failure."""
-        from index.images import ImageDecodeError
+        from index.runtime.images import ImageDecodeError
         from index.store import StoreError
 
         if settings.model is None or settings.index is None:

@@ -55,10 +55,10 @@ def digits_gallery(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path) ->
     """120 held-out digits as PNG files (a folder per class, list.csv) and a Flat index of
     them built with `tiny_onnx`: what the service tests serve. Treat as read-only; use
     `served_index` for a copy a test may change."""
-    from index.build import build_index
-    from index.datasets import csv_list, load_dataset
-    from index.embedder import Embedder
-    from index.sources import write_image_folder
+    from index.evaluation.datasets import csv_list, load_dataset
+    from index.pipeline.build_index import build_index
+    from index.pipeline.sources import write_image_folder
+    from index.runtime.embedder import Embedder
 
     root = tmp_path_factory.mktemp("digits_gallery")
     split = load_dataset("digits", image_size=32)
@@ -87,7 +87,7 @@ def client(digits_gallery: dict[str, Path], served_index: Path):
 @pytest.fixture(scope="module")
 def gallery(digits_gallery: dict[str, Path]) -> list:
     """The digits gallery's items (key, path, label), in list order."""
-    from index.datasets import csv_list
+    from index.evaluation.datasets import csv_list
 
     return csv_list(digits_gallery["list"])
 

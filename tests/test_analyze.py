@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from index.datasets import load_dataset
-from index.metrics import isotropy_score, retrieval_metrics
+from index.evaluation.datasets import load_dataset
+from index.evaluation.metrics import isotropy_score, retrieval_metrics
 from training.analyze import centered, pair_cosines
 from training.checkpoint import save_tensors
 from training.cli import main

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.datasets import csv_list
-from index.embedder import Embedder
+from index.evaluation.datasets import csv_list
 from index.filters import parse_filter
 from index.query import AQE, Where, search_store, search_store_fused
+from index.runtime.embedder import Embedder
 from index.store import IndexStore
 
 COLOURS = ("red", "blue", "green")

@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-import index.datasets
-from index.datasets import Item
-from index.images import open_image
+import index.evaluation.datasets
+from index.evaluation.datasets import Item
+from index.runtime.images import open_image
 from training.cli import main
 from training.config import FitConfig
 from training.data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
@@ -65,7 +65,7 @@ class DecodeCounter:
     def __init__(self, log: Path):
         self.log = log
         self.log.touch()
-        self.decode = index.datasets.open_image
+        self.decode = index.evaluation.datasets.open_image
 
     def open_image(self, *args, **kwargs) -> Image.Image:
         with open(self.log, "a") as fh:
@@ -79,7 +79,7 @@ class DecodeCounter:
 @pytest.fixture
 def decodes(tmp_path, monkeypatch) -> DecodeCounter:
     counter = DecodeCounter(tmp_path / "decodes.log")
-    monkeypatch.setattr(index.datasets, "open_image", counter.open_image)
+    monkeypatch.setattr(index.evaluation.datasets, "open_image", counter.open_image)
     return counter
 
 
@@ -188,7 +188,7 @@ def test_training_tensors_are_made_from_the_cached_images(tmp_path, photos, deco
 _FILL = """
 import sys
 from pathlib import Path
-from index.datasets import Item
+from index.evaluation.datasets import Item
 from training.decode_cache import DecodeCache
 cache = DecodeCache("disk", int(sys.argv[1]), Path(sys.argv[2]))
 for path in sys.argv[3:]:

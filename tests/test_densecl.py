@@ -15,7 +15,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from index.cli import main as index_main
-from index.model_metadata import read_model_metadata
+from index.runtime.model_metadata import read_model_metadata
 from training.checkpoint import CheckpointError
 from training.cli import build_parser, main
 from training.config import FitConfig, config_from_args

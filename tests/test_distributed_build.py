@@ -13,7 +13,7 @@ from test_distributed_embed import run_without_ray
 from test_embeddings import one_line
 
 from index.cli import main
-from index.datasets import load_dataset
+from index.evaluation.datasets import load_dataset
 from index.shards import SHARDS_FILE
 
 

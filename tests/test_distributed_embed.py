@@ -1,6 +1,6 @@
 """`vitrieval-index embed --ray`: the embeddings folder made by a Ray Data actor pool
 equals the single-process embed's, resumes after a kill, and fails in one line without
-Ray or with an address that is not one (distributed/, index/embed.py)."""
+Ray or with an address that is not one (distributed/, index/pipeline/embed_folder.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ray_cluster import NO_RAY, ray_missing
 from test_embeddings import one_line, read_rows
 
 from distributed.cluster import ClusterError, parse_address, plan_actors
-from index.datasets import load_dataset
+from index.evaluation.datasets import load_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5  # ORT's kernels may differ with the thread count; the math is the same
@@ -251,8 +251,8 @@ def test_an_actor_decodes_with_the_drivers_decoder_whatever_its_node_says(
     # a node of a remote cluster does not share the driver's environment: the driver's
     # VITRIEVAL_DECODER travels in the actor's constructor arguments
     from distributed.embed import PartEmbedder
-    from index.embedder import Embedder
-    from index.vips_decode import DECODER_ENV, decoder_setting
+    from index.runtime.embedder import Embedder
+    from index.runtime.vips_decode import DECODER_ENV, decoder_setting
 
     monkeypatch.setenv(DECODER_ENV, "vips")  # what the node's environment would say
     fingerprint = Embedder(tiny_onnx, device="cpu").fingerprint

@@ -29,8 +29,8 @@ from fastapi.testclient import TestClient
 from ray_cluster import NO_RAY, ray_missing
 from serving import REPO, free_port
 
-from index.datasets import csv_list
-from index.embeddings import write_part
+from index.evaluation.datasets import csv_list
+from index.pipeline.embeddings_folder import write_part
 from index.shards import shard_of
 from index.shards.build import build_shard, build_sharded
 from index.store import IndexStore

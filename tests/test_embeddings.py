@@ -1,5 +1,6 @@
 """Embeddings folders: `vitrieval-index embed`, `build --embeddings`, and the Parquet
-contract another engine can write (index/embeddings.py, index/embed.py)."""
+contract another engine can write (index/pipeline/embeddings_folder.py,
+index/pipeline/embed_folder.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.datasets import load_dataset
-from index.embeddings import EmbeddingsFolder, Reservoir, write_part
-from index.model_metadata import read_model_metadata
+from index.evaluation.datasets import load_dataset
+from index.pipeline.embeddings_folder import EmbeddingsFolder, Reservoir, write_part
+from index.runtime.model_metadata import read_model_metadata
 from index.store import IndexStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -424,7 +425,7 @@ def test_invalid_folders_are_refused_in_one_line(tmp_path, capsys, tiny_onnx):
 
 
 def test_reading_is_bounded_by_the_batch_size(tmp_path, tiny_onnx, monkeypatch):
-    from index.build import build_from_embeddings
+    from index.pipeline.build_index import build_from_embeddings
 
     folder = tmp_path / "emb"
     x = unit_rows(28)

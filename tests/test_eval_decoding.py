@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.embedder import Embedder
+from index.runtime.embedder import Embedder
 from training.config import FitConfig
 from training.data import build_transforms
 from training.trainer import prepare_run

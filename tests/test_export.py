@@ -11,8 +11,8 @@ from skimage import data as skdata
 from timm.data import create_transform
 
 import training.export as export_module
-from index.model_metadata import ModelMetadata, ModelMetadataError, read_model_metadata
-from index.preprocess import Preprocessor
+from index.runtime.model_metadata import ModelMetadata, ModelMetadataError, read_model_metadata
+from index.runtime.preprocess import Preprocessor
 from training.config import FitConfig
 from training.export import ExportError, export_model, model_metadata
 from training.model import build_model, weights_fingerprint

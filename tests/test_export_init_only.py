@@ -14,10 +14,10 @@ from index_cli_helpers import run as run_index  # tests/index_cli_helpers.py
 from safetensors.torch import save_file
 
 import training.export as export_module
-from index.datasets import load_dataset
-from index.embedder import Embedder
-from index.model_metadata import read_model_metadata
-from index.quantize import quantize_model
+from index.evaluation.datasets import load_dataset
+from index.runtime.embedder import Embedder
+from index.runtime.model_metadata import read_model_metadata
+from index.runtime.quantize import quantize_model
 from training.cli import main
 from training.config import FitConfig
 from training.epochs import seed_everything

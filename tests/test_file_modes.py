@@ -68,10 +68,10 @@ def test_atomic_writes_take_the_mode_of_the_umask(tmp_path, umask):
 
 
 def test_index_directory_is_readable_by_others(tmp_path, tiny_onnx, umask_022):
-    from index.build import build_index
-    from index.datasets import csv_list, load_dataset
-    from index.embedder import Embedder
-    from index.sources import write_image_folder
+    from index.evaluation.datasets import csv_list, load_dataset
+    from index.pipeline.build_index import build_index
+    from index.pipeline.sources import write_image_folder
+    from index.runtime.embedder import Embedder
     from index.store import IndexStore
 
     split = load_dataset("digits", image_size=32)

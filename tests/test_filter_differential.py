@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_shards import in_process
 
-from index.embeddings import part_name, write_meta, write_part
+from index.pipeline.embeddings_folder import part_name, write_meta, write_part
 from index.shards.build import build_sharded
 from index.shards.store import open_index
 from index.store import IndexStore, filtering

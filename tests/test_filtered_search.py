@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from store_helpers import brute_force, exact_vectors, unit_vectors
 
-from index.embeddings import write_part
 from index.filters import parse_filter
+from index.pipeline.embeddings_folder import write_part
 from index.shards import open_index
 from index.shards.build import build_shard, build_sharded
 from index.store import IndexStore, StoreError

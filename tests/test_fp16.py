@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from index.cli import main
-from index.embedder import Embedder
+from index.runtime.embedder import Embedder
 
 
 def photos() -> list[Image.Image]:

@@ -21,9 +21,9 @@ import torch
 from PIL import Image
 from skimage import data as skdata
 
-import index.embedder as embedder_module
+import index.runtime.embedder as embedder_module
 from index import gpu_notice
-from index.embedder import CPU, CUDA, TENSORRT, Embedder
+from index.runtime.embedder import CPU, CUDA, TENSORRT, Embedder
 from index.store import IndexStore, StoreError
 from training.config import ConfigError, FitConfig
 from training.device import describe_device, pick_device

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.datasets import load_dataset
+from index.evaluation.datasets import load_dataset
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.datasets import load_dataset
+from index.evaluation.datasets import load_dataset
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_checkpoints_and_folders_as_model(tmp_path, capsys, photos, tiny_onnx):
 
 
 def test_files_without_an_image_suffix_are_counted(tmp_path, capsys, caplog, photos, tiny_onnx):
-    caplog.set_level(logging.INFO, logger="index.sources")
+    caplog.set_level(logging.INFO, logger="index.pipeline.sources")
     out = tmp_path / "index"
     code, text, err = run(
         capsys, "build", "--model", tiny_onnx, "--images", photos, "--out", out, "-v"

@@ -106,7 +106,7 @@ def _run_cli(argv: list[str]) -> tuple[int, str, str]:
 def test_add_to_a_served_index_is_refused_before_embedding(
     tmp_path, capsys, monkeypatch, many_small, tiny_onnx
 ):
-    from index.embedder import Embedder
+    from index.runtime.embedder import Embedder
     from index.store.journal import JournalOwner
 
     index = tmp_path / "index"

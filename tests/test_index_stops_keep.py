@@ -16,7 +16,7 @@ import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 from PIL import Image
 
-from index.embedder import Embedder
+from index.runtime.embedder import Embedder
 from index.store import FolderNotEmptyError, IndexStore
 
 
@@ -144,8 +144,8 @@ def test_only_a_first_saves_leftovers_count_as_empty(tmp_path, capsys, tiny_onnx
 def test_build_from_embeddings_stopped_keeps_and_says_what_it_added(
     tmp_path, capsys, monkeypatch, images, tiny_onnx
 ):
-    from index.build import build_from_embeddings
-    from index.embeddings import EmbeddingsFolder
+    from index.pipeline.build_index import build_from_embeddings
+    from index.pipeline.embeddings_folder import EmbeddingsFolder
     from index.stopping import Stopped
 
     folder = tmp_path / "emb"

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from app_client import AUTH
 
-from index.embeddings import write_meta, write_part
-from index.model_metadata import read_model_metadata
+from index.pipeline.embeddings_folder import write_meta, write_part
+from index.runtime.model_metadata import read_model_metadata
 from index.store import IndexStore, StoreError
 from index.store.journal import Journal
 

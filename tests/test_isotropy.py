@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.metrics import isotropy_score
+from index.evaluation.metrics import isotropy_score
 
 
 def reference_score(X: np.ndarray) -> float:
@@ -111,7 +111,10 @@ def test_validation(X, error, message):
 
 
 def test_index_metrics_does_not_import_torch():
-    code = "import sys, index.metrics, index.isotropy; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, index.evaluation.metrics, index.evaluation.isotropy; "
+        "assert 'torch' not in sys.modules"
+    )
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True)
     assert result.returncode == 0, result.stderr.decode()

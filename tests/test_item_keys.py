@@ -19,8 +19,8 @@ import pytest
 from index_cli_helpers import run
 from serving import Server
 
-from index.embedder import Embedder
-from index.embeddings import write_part
+from index.pipeline.embeddings_folder import write_part
+from index.runtime.embedder import Embedder
 from index.store import IndexStore
 from index.store.checks import key_problem
 

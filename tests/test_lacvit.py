@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 from torch import nn
 
-from index.datasets import load_dataset
-from index.metrics import isotropy_score
-from index.model_metadata import read_model_metadata
+from index.evaluation.datasets import load_dataset
+from index.evaluation.metrics import isotropy_score
+from index.runtime.model_metadata import read_model_metadata
 from training.augment import TwoViews, contrastive_view_transform, light_transform
 from training.cli import main
 from training.config import FitConfig

@@ -1,4 +1,4 @@
-"""Tests for index.metrics.retrieval_metrics: hand-computed cases, the tie rule, a naive
+"""Tests for index.evaluation.metrics.retrieval_metrics: hand-computed cases, the tie rule, a naive
 reference on random data, pytorch-metric-learning as an optional reference, validation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from index.metrics import retrieval_metrics
+from index.evaluation.metrics import retrieval_metrics
 
 METRIC_KEYS = ("map", "map_at_r", "r_precision")
 

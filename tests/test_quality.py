@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from index.datasets import load_dataset
-from index.metrics import retrieval_metrics
+from index.evaluation.datasets import load_dataset
+from index.evaluation.metrics import retrieval_metrics
 from training.cli import main
 
 

@@ -18,8 +18,8 @@ from app_client import AUTH, KEY, ODD
 from fastapi.testclient import TestClient
 from ray_cluster import NO_RAY, ray_missing
 
+from index.evaluation.metrics import retrieval_metrics
 from index.filters import MAX_FILTER_DEPTH
-from index.metrics import retrieval_metrics
 from index.query import AQE, MAX_AQE_NEIGHBOURS, Where, search_store
 from index.shards import open_index
 from index.store import IndexStore, StoreError
@@ -386,7 +386,7 @@ class _Handle:
 def test_the_ray_ingress_index_passes_filters_and_reads_vectors(tmp_path) -> None:
     from distributed.serve.ingress import RemoteIndex
     from distributed.serve.replicas import ShardReplica
-    from index.embeddings import write_part
+    from index.pipeline.embeddings_folder import write_part
     from index.shards.build import build_shard, build_sharded
 
     rng = np.random.default_rng(5)

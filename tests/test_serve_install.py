@@ -144,8 +144,8 @@ def test_the_serving_install_decodes_large_png_and_webp_with_libvips(serve_env, 
     code = (
         "import io\n"
         "from PIL import Image\n"
-        "from index import vips_decode\n"
-        "from index.images import plan_decode\n"
+        "from index.runtime import vips_decode\n"
+        "from index.runtime.images import plan_decode\n"
         "buffer = io.BytesIO()\n"
         "Image.new('RGB', (640, 480), 'teal').save(buffer, format='PNG')\n"
         "plan = plan_decode(buffer.getvalue(), draft_size=128)\n"

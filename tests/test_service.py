@@ -17,7 +17,7 @@ from hostile_images import fuzzed, png_bomb
 from PIL import Image
 from pydantic import ValidationError
 
-from index.embedder import Embedder
+from index.runtime.embedder import Embedder
 from service.layout import cpu_count
 from service.settings import Settings
 
@@ -402,7 +402,7 @@ def test_leave_one_out_equals_the_offline_benchmark(client, digits_gallery, tmp_
 
 
 def test_evaluate_uploaded_queries(client, gallery) -> None:
-    from index.metrics import retrieval_metrics
+    from index.evaluation.metrics import retrieval_metrics
 
     queries = gallery[:6]
     body = {

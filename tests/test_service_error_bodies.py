@@ -18,8 +18,8 @@ import pytest
 from app_client import AUTH, make_client
 from PIL import Image
 
-from index.embedder import Embedder
-from index.embeddings import write_part
+from index.pipeline.embeddings_folder import write_part
+from index.runtime.embedder import Embedder
 from index.shards.build import build_shard, build_sharded
 from index.store import IndexStore, StoreError
 

@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 from store_helpers import brute_force, exact_vectors, unit_vectors, with_duplicates
 
-from index.build import build_from_embeddings
-from index.datasets import csv_list
-from index.embeddings import EmbeddingsFolder, write_part
-from index.model_metadata import read_model_metadata
+from index.evaluation.datasets import csv_list
+from index.pipeline.build_index import build_from_embeddings
+from index.pipeline.embeddings_folder import EmbeddingsFolder, write_part
+from index.runtime.model_metadata import read_model_metadata
 from index.shards import ShardedStore, open_index, shard_of
 from index.shards.build import build_shard, build_sharded
 from index.shards.layout import SHARDS_FILE, shard_name
@@ -260,7 +260,7 @@ def test_a_shard_of_an_older_format_is_reported_and_upgraded(tmp_path, tied, cap
 @pytest.fixture(scope="module")
 def digit_photos(tmp_path_factory) -> Path:
     """60 digit images in class folders, and their embeddings folder (tiny_onnx)."""
-    from index.datasets import load_dataset
+    from index.evaluation.datasets import load_dataset
 
     root = tmp_path_factory.mktemp("digit_photos")
     for item in load_dataset("digits").train[:60]:

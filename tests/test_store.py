@@ -22,7 +22,7 @@ from store_helpers import (  # tests/store_helpers.py
     with_duplicates,
 )
 
-from index.model_metadata import read_model_metadata
+from index.runtime.model_metadata import read_model_metadata
 from index.store import IndexStore, StoreError, suggest_factory
 from index.store.leases import LEASE_DIR
 from index.store.vectors import VectorIndex

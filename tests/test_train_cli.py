@@ -15,7 +15,7 @@ import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
-from index.model_metadata import read_model_metadata
+from index.runtime.model_metadata import read_model_metadata
 from training.cli import main
 from training.config import FitConfig, load_config_file
 from training.trainer import fit

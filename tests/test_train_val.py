@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 import training.data
-from index.datasets import load_dataset
+from index.evaluation.datasets import load_dataset
 from training.cli import main
 
 FAST = ["--preset", "tiny", "--batch-size", "64", "--workers", "0", "--warmup-epochs", "1"]

@@ -19,7 +19,7 @@ Where the copies live (`--decode-cache`, training/config.py):
 - `auto` (the default): memory up to the budget (`memory_budget()`), the images beyond
   it on disk; copies already on disk are used as they are.
 
-Decoding goes through `Item.open` (index.images.open_image: format allowlist, pixel
+Decoding goes through `Item.open` (index.runtime.images.open_image: format allowlist, pixel
 and shape limits, EXIF orientation, JPEG reduced-scale decoding), so unreadable files
 raise the same `ImageDecodeError` as before.
 """
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from index.datasets import DEFAULT_MAX_PIXELS, Item
+from index.evaluation.datasets import DEFAULT_MAX_PIXELS, Item
 
 from .config import DECODE_CACHE_MEMORY_CAP, DECODE_CACHE_MEMORY_SHARE, DECODE_CACHE_MODES
 
@@ -48,7 +48,7 @@ CACHE_DIRNAME = "decode-cache"
 
 CROP_MARGIN = 2.0
 """Every crop the transforms take must hold at least this many source pixels per output
-pixel, the rule `index.embedder.Embedder` decodes JPEGs by: the final antialiased resize
+pixel, the rule `index.runtime.embedder.Embedder` decodes JPEGs by: the final antialiased resize
 then still sees every detail it keeps, so the cached copy gives (nearly) the tensor the
 full-resolution file gives."""
 

@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from index.atomic import atomic_write_text
-from index.datasets import Item
-from index.metrics import isotropy_score, retrieval_metrics
+from index.evaluation.datasets import Item
+from index.evaluation.metrics import isotropy_score, retrieval_metrics
 
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform, light_transform

@@ -38,8 +38,8 @@ from torch import nn
 from torchvision.transforms import v2
 
 from index.atomic import atomic_path
-from index.datasets import DatasetError, Item
-from index.sources import walk_images
+from index.evaluation.datasets import DatasetError, Item
+from index.pipeline.sources import walk_images
 
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform
@@ -132,7 +132,7 @@ def build_pretrain_model(cfg: PretrainConfig, load_pretrained: bool = True):
 
 
 def list_images(folder: str) -> list[Item]:
-    """Every image file below `folder` (index.sources' rule: image suffix, not hidden)."""
+    """Every image file below `folder` (index.pipeline.sources' rule: image suffix, not hidden)."""
     root = Path(folder)
     if not root.is_dir():
         raise DatasetError(f"--images folder not found: {root}")

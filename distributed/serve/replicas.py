@@ -22,10 +22,10 @@ import numpy as np
 from ray import serve
 
 from index.contract import Query, Ranked, stored_vectors
-from index.embedder import Embedder
 from index.follow import FOLLOW_POLL_S, CommitFollower
-from index.images import DecodeBudget
-from index.model_metadata import ModelMetadata
+from index.runtime.embedder import Embedder
+from index.runtime.images import DecodeBudget
+from index.runtime.model_metadata import ModelMetadata
 from index.store import IndexStore, ItemRecord, StoreError
 from index.store.filters import Filter
 from service.errors import ApiError

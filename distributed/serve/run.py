@@ -14,7 +14,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from index.model_metadata import read_model_metadata
+from index.runtime.model_metadata import read_model_metadata
 from index.shards import is_sharded, open_index, shard_name
 from index.shards.layout import read_shards_manifest
 from service.settings import Settings

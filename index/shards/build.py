@@ -4,8 +4,8 @@ the sample an unsharded build trains on, then every shard built apart.
 `build_shard` builds one shard, with only picklable arguments, so that a process pool
 (the default, `run_locally`) or a remote task (a Ray cluster) can run it; every shard
 reads the whole folder and keeps the rows whose key it owns, in the bounded memory of
-`index.build.build_from_embeddings`. `build_sharded` plans the build, trains, runs the
-shards through `run_shards`, and commits: it writes shards.json last.
+`index.pipeline.build_index.build_from_embeddings`. `build_sharded` plans the build,
+trains, runs the shards through `run_shards`, and commits: it writes shards.json last.
 
 Resuming: each shard resumes as an unsharded build does (the keys it saved are
 skipped); the plan (shards.build.json) and the trained quantiser stay in the folder
@@ -31,9 +31,9 @@ from typing import Any
 import faiss
 
 from ..atomic import atomic_write_bytes, atomic_write_text
-from ..build import REPORT_FILE, build_from_embeddings, check_folder_keys
-from ..embeddings import BATCH_ROWS, EmbeddingsError, EmbeddingsFolder
 from ..factory import training_sample_size
+from ..pipeline.build_index import REPORT_FILE, build_from_embeddings, check_folder_keys
+from ..pipeline.embeddings_folder import BATCH_ROWS, EmbeddingsError, EmbeddingsFolder
 from ..store import IndexStore, StoreError
 from ..store import manifest as mf
 from ..store.vectors import VectorIndex, new_faiss_index

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from ..model_metadata import ModelMetadataError, read_model_metadata
+from ..runtime.model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
 from .errors import FolderNotEmptyError, StoreError
 from .fields import FieldSelection, check_field_paths

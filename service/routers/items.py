@@ -21,7 +21,7 @@ from fastapi import Path as PathParam
 from PIL import Image
 from pydantic import AfterValidator
 
-from index.images import open_image
+from index.runtime.images import open_image
 from index.store import KeyExistsError, StoreError
 
 from ..deps import ReadAccess, ServiceDep, WriteAccess

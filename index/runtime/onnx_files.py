@@ -1,5 +1,5 @@
 """Writing ONNX model files: the weights inside the file, or in one external data file
-beside it (a single protobuf cannot pass 2 GB). `index.optimize` and `training.export`
+beside it (a single protobuf cannot pass 2 GB). `index.runtime.optimize` and `training.export`
 write their models with these."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .atomic import fsync_dir
+from ..atomic import fsync_dir
 
 
 def save_onnx(proto: Any, path: Path, data_name: str | None) -> None:

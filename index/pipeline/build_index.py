@@ -12,7 +12,7 @@
   list before anything is added.
 
 `build_from_embeddings` is `vitrieval-index build --embeddings`: the same index from
-an embeddings folder (`index.embeddings`) in bounded memory, for catalogues whose
+an embeddings folder (`index.pipeline.embeddings_folder`) in bounded memory, for catalogues whose
 vectors do not fit in RAM at once.
 """
 
@@ -27,18 +27,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .atomic import atomic_write_text
-from .datasets import Item
-from .embedder import Embedder, EmbedResult
-from .factory import MAX_TRAINING_VECTORS, training_sample_size
-from .progress import progress_bar
-from .shards.store import ShardedStore, is_index, open_index
-from .stopping import Stopped
-from .store import IndexStore, StoreError
-from .store.checks import check_new_keys, key_problem
+from ..atomic import atomic_write_text
+from ..evaluation.datasets import Item
+from ..factory import MAX_TRAINING_VECTORS, training_sample_size
+from ..progress import progress_bar
+from ..runtime.embedder import Embedder, EmbedResult
+from ..shards.store import ShardedStore, is_index, open_index
+from ..stopping import Stopped
+from ..store import IndexStore, StoreError
+from ..store.checks import check_new_keys, key_problem
 
 if TYPE_CHECKING:  # pyarrow is imported only by builds from an embeddings folder
-    from .embeddings import EmbeddingBatch, EmbeddingsFolder
+    from .embeddings_folder import EmbeddingBatch, EmbeddingsFolder
 
 REPORT_FILE = "build_report.json"
 
@@ -305,8 +305,8 @@ def count_changed(
 def check_writable(out: Path) -> None:
     """StoreError if another process (a running server) holds the writer lock of the
     index in `out`: its save would be refused only after all the embedding."""
-    from .shards.layout import store_directories
-    from .store.journal import JournalOwner
+    from ..shards.layout import store_directories
+    from ..store.journal import JournalOwner
 
     for directory in store_directories(out):
         JournalOwner.check_free(directory)

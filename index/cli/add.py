@@ -7,9 +7,9 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from .cli_common import add_runtime_options
-from .cli_types import Subcommands
-from .datasets import Item
+from ..evaluation.datasets import Item
+from .arguments import Subcommands
+from .common import add_runtime_options
 
 BuildFunction = Callable[[argparse.Namespace, "list[Item] | None"], int]
 """What `add` runs once its items are known: `build` into the existing index."""
@@ -42,8 +42,8 @@ def add_add_command(sub: Subcommands, build: BuildFunction) -> None:
 
 def run_add(args: argparse.Namespace, build: BuildFunction) -> int:
     """Check the arguments, then build into the existing index `args.index`."""
-    from .shards import is_index
-    from .store import StoreError
+    from ..shards import is_index
+    from ..store import StoreError
 
     if not is_index(args.index):
         raise StoreError(f"{args.index} is not an index; create one with `vitrieval-index build`")
@@ -54,7 +54,7 @@ def run_add(args: argparse.Namespace, build: BuildFunction) -> int:
 
 def one_image(args: argparse.Namespace) -> list[Item] | None:
     """The single item of `add INDEX IMAGE --key K`, or None when --images lists them."""
-    from .datasets import parse_metadata
+    from ..evaluation.datasets import parse_metadata
 
     single = [flag for flag in ("key", "label", "metadata") if getattr(args, flag) is not None]
     if (args.image is None) == (args.images is None):

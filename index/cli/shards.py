@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .shards.layout import PLAN_FILE, is_sharded, read_shards_manifest
+from ..shards.layout import PLAN_FILE, is_sharded, read_shards_manifest
 
 
 def add_shards_option(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +57,7 @@ def build_sharded_from_args(
 ) -> int:
     """Build, resume or extend the sharded index `--out`; `factory` resolved (None: the
     existing index's or unfinished build's own)."""
-    from .shards.build import build_sharded
+    from ..shards.build import build_sharded
 
     out = Path(args.out)
     shards = args.shards or existing_shards(out) or 1

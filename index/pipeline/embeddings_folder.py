@@ -19,7 +19,7 @@ are skipped) holds rows with the columns
 Other columns are ignored. `embeddings.json` needs at least `dim` and
 `model_fingerprint` (the `vitrieval.fingerprint` of the model that made the vectors);
 `embed` also records `model` (the model file's path), the counts, and each part's
-input range and checksum (what lets it resume, see `index.embed`). A folder whose
+input range and checksum (what lets it resume, see `index.pipeline.embed_folder`). A folder whose
 `complete` is false is an embed still running or interrupted, and is refused.
 
 Vectors: as they are read, finite non-zero vectors are scaled to unit L2 norm (the
@@ -45,9 +45,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .atomic import atomic_path, atomic_write_text
-from .store.filters import find_outside_int64, int64_message
-from .unit_vectors import unit_rows
+from ..atomic import atomic_path, atomic_write_text
+from ..store.filters import find_outside_int64, int64_message
+from ..unit_vectors import unit_rows
 
 META_FILE = "embeddings.json"
 ERRORS_FILE = "errors.csv"

@@ -1,6 +1,6 @@
 """Embed images with an exported vitrieval model on ONNX Runtime (no torch).
 
-The model file describes itself (`index.model_metadata`): the preprocessing comes from
+The model file describes itself (`index.runtime.model_metadata`): the preprocessing comes from
 its metadata, never from arguments, so an index is always embedded the way the model
 was trained.
 
@@ -30,8 +30,10 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from .datasets import Item
-from .gpu_notice import say_cpu_only
+from ..evaluation.datasets import Item
+from ..gpu_notice import say_cpu_only
+from ..progress import progress_bar
+from ..unit_vectors import l2_normalize
 from .images import (
     DEFAULT_MAX_PIXELS,
     DecodeBudget,
@@ -47,8 +49,6 @@ from .model_metadata import (
     model_file,
 )
 from .preprocess import Preprocessor
-from .progress import progress_bar
-from .unit_vectors import l2_normalize
 from .vips_decode import decoder_setting
 
 logger = logging.getLogger("vitrieval.embedder")
@@ -125,7 +125,7 @@ class Embedder:
         self.fingerprint: str = self.metadata.fingerprint
         self.input_size: int = self.metadata.input_size[1]
         self._preprocess = Preprocessor(self.metadata)
-        # JPEGs are decoded at reduced scale (index.preprocess.DRAFT_FACTOR: what `fit`
+        # JPEGs are decoded at reduced scale (index.runtime.preprocess.DRAFT_FACTOR: what `fit`
         # evaluates with too); exact_decode=True decodes at full resolution.
         self.draft_size: int | None = None if exact_decode else self._preprocess.draft_size
         # seconds spent in ONNX Runtime so far: the pipeline overlaps decoding with the

@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cli_common import add_runtime_options, embedder_from_args
-from .cli_types import Subcommands
-from .datasets import DatasetError
-from .rerank import (
+from ..evaluation.datasets import DatasetError
+from ..rerank import (
     DEFAULT_AQE_ALPHA,
     DEFAULT_AQE_NEIGHBOURS,
     DEFAULT_DBA_ALPHA,
@@ -17,6 +15,8 @@ from .rerank import (
     METHODS,
     RerankSettings,
 )
+from .arguments import Subcommands
+from .common import add_runtime_options, embedder_from_args
 
 
 def add_bench_command(sub: Subcommands) -> None:
@@ -139,14 +139,14 @@ def _bench_embedder(args: argparse.Namespace):
         raise DatasetError(f"--out {out} is a file; the report needs a folder")
     embedder = embedder_from_args(Path(args.model), args)
     if args.factory:
-        from .store import new_faiss_index
+        from ..store import new_faiss_index
 
         new_faiss_index(embedder.dim, args.factory)  # StoreError names the problem
     return embedder
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .benchmark import (
+    from ..evaluation.benchmark import (
         DEFAULT_KS,
         SOP_KS,
         format_rerank,
@@ -154,7 +154,7 @@ def _bench(args: argparse.Namespace) -> int:
         run_benchmark,
         write_report,
     )
-    from .datasets import load_dataset
+    from ..evaluation.datasets import load_dataset
 
     if args.copy_detection is not None:
         return _bench_copy_detection(args)
@@ -209,7 +209,7 @@ def _is_csv(path: str) -> bool:
 def _labelled_sources(path: str, labels_from_folders: bool, flag: str) -> list:
     """A folder or CSV read as `build --images` reads it; every image needs a label.
     `labels_from_folders` applies to a folder (a CSV carries its labels)."""
-    from .sources import read_sources
+    from ..pipeline.sources import read_sources
 
     items = read_sources(path, labels_from_folders and not _is_csv(path), flag)
     if not items:
@@ -225,14 +225,14 @@ def _labelled_sources(path: str, labels_from_folders: bool, flag: str) -> list:
 
 
 def _bench_copy_detection(args: argparse.Namespace) -> int:
-    from .benchmark import (
+    from ..evaluation.benchmark import (
         DEFAULT_KS,
         format_rerank,
         format_table,
         run_copy_detection,
         write_report,
     )
-    from .copy_detection import DEFAULT_PER_IMAGE, read_photos
+    from ..evaluation.copy_detection import DEFAULT_PER_IMAGE, read_photos
 
     others = {
         "--gallery": args.gallery,

@@ -17,7 +17,7 @@ one place:
 Failures raise `ImageDecodeError` with a message meant for the user.
 
 With the `vips` extra installed, libvips decodes the pixels of large PNG and WebP
-files after these header checks (`index/vips_decode.py`, `VITRIEVAL_DECODER`).
+files after these header checks (`index/runtime/vips_decode.py`, `VITRIEVAL_DECODER`).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class DecodePlan:
     frame: tuple[int, int]
     reduce: int
     decoder_bytes: int = 0  # what the format's decoder holds beside the frame
-    decoder: str = "pillow"  # or "vips" (index/vips_decode.py)
+    decoder: str = "pillow"  # or "vips" (index/runtime/vips_decode.py)
 
     @property
     def frame_bytes(self) -> int:

@@ -14,32 +14,32 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cli_add import add_add_command
-from .cli_bench import add_bench_command
-from .cli_common import (
+from ..evaluation.datasets import DatasetError
+from ..runtime.images import ImageDecodeError
+from ..runtime.model_metadata import ModelMetadataError
+from .add import add_add_command
+from .bench import add_bench_command
+from .common import (
     add_ray_options,
     add_runtime_options,
     add_verbose_option,
     embedder_from_args,
     open_index_with_model,
 )
-from .cli_configure import (
+from .configure import (
     add_configure_command,
     add_index_settings,
     apply_index_settings,
     wants_settings,
 )
-from .cli_search import add_search_command
-from .cli_shards import (
+from .search import add_search_command
+from .shards import (
     add_shards_option,
     build_sharded_from_args,
     check_shards_option,
     existing_shards,
     wants_shards,
 )
-from .datasets import DatasetError
-from .images import ImageDecodeError
-from .model_metadata import ModelMetadataError
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     DatasetError,
@@ -52,7 +52,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
 
 def _build(args: argparse.Namespace, items: list | None = None) -> int:
     """`build` (and `add`, which passes `items` when it was given one image)."""
-    from .sources import read_sources
+    from ..pipeline.sources import read_sources
 
     if items is None and (args.images is None) == (getattr(args, "embeddings", None) is None):
         raise ValueError(
@@ -81,8 +81,8 @@ def _build(args: argparse.Namespace, items: list | None = None) -> int:
 
 
 def _build_images(args: argparse.Namespace, items: list, skipped: list | None = None) -> int:
-    from .build import build_index
-    from .sources import skipped_note
+    from ..pipeline.build_index import build_index
+    from ..pipeline.sources import skipped_note
 
     out = Path(args.out)
     budget = _memory_budget(args)
@@ -110,10 +110,10 @@ def _build_images(args: argparse.Namespace, items: list, skipped: list | None = 
 
 def _build_embeddings(args: argparse.Namespace) -> int:
     """`build --embeddings EMB`: the index of an embeddings folder, in bounded memory."""
-    from .build import build_from_embeddings
-    from .embeddings import EmbeddingsError, EmbeddingsFolder
-    from .shards import is_index
-    from .store import IndexStore, StoreError
+    from ..pipeline.build_index import build_from_embeddings
+    from ..pipeline.embeddings_folder import EmbeddingsError, EmbeddingsFolder
+    from ..shards import is_index
+    from ..store import IndexStore, StoreError
 
     if args.labels_from_folders:
         raise EmbeddingsError(
@@ -152,8 +152,8 @@ def _build_embeddings(args: argparse.Namespace) -> int:
 
 def _check_embeddings_model(model: Path | None, folder, *, given: bool) -> None:
     """The model an index of `folder` keeps must be the one that made its vectors."""
-    from .embeddings import META_FILE, EmbeddingsError
-    from .model_metadata import read_model_metadata
+    from ..pipeline.embeddings_folder import META_FILE, EmbeddingsError
+    from ..runtime.model_metadata import read_model_metadata
 
     meta_file = folder.folder / META_FILE
     if model is None:
@@ -181,9 +181,9 @@ def _check_embeddings_model(model: Path | None, folder, *, given: bool) -> None:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    from .embed import embed_to_folder
-    from .embeddings import ERRORS_FILE, EmbeddingsError
-    from .sources import read_sources, skipped_note
+    from ..pipeline.embed_folder import embed_to_folder
+    from ..pipeline.embeddings_folder import ERRORS_FILE, EmbeddingsError
+    from ..pipeline.sources import read_sources, skipped_note
 
     if args.part_size is not None and args.part_size < 1:
         raise EmbeddingsError(f"--part-size must be at least 1, got {args.part_size}")
@@ -212,7 +212,7 @@ def _embed(args: argparse.Namespace) -> int:
 
 def _memory_budget(args: argparse.Namespace) -> int | None:
     """--memory-budget in bytes (None without one); it chooses among factories."""
-    from .factory import AUTO, parse_bytes
+    from ..factory import AUTO, parse_bytes
 
     text = getattr(args, "memory_budget", None)
     if text is None:
@@ -229,7 +229,7 @@ def _factory(factory: str | None, out: Path, n: int, dim: int, budget: int | Non
     """The factory to create `out` with: `auto` (or none) chooses one for n vectors and
     prints the choice; an existing index keeps its own (None), an explicit one is checked
     against it by the build."""
-    from .factory import AUTO, choose_factory
+    from ..factory import AUTO, choose_factory
 
     if factory not in (None, AUTO):
         return factory
@@ -242,7 +242,7 @@ def _factory(factory: str | None, out: Path, n: int, dim: int, budget: int | Non
 
 def _remove(args: argparse.Namespace) -> int:
     """Remove the keys that are present; name the missing ones and exit 2 if any."""
-    from .shards import open_index
+    from ..shards import open_index
 
     keys = list(args.keys)
     if args.keys_from:
@@ -278,7 +278,7 @@ def _some(keys: Sequence[str], shown: int = 10) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .shards import open_index
+    from ..shards import open_index
 
     info = open_index(args.index).info()
     if args.json:
@@ -309,7 +309,7 @@ def _info_value(value: object) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .shards import open_index
+    from ..shards import open_index
 
     if args.repair:
         _repair_journals(args.index)
@@ -334,9 +334,9 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _repair_journals(index: str) -> None:
     """`verify --repair`: set aside the journal rows this version cannot apply."""
-    from .shards.layout import store_directories
-    from .store import manifest as mf
-    from .store.journal_repair import REJECTED_FILE, repair_journal
+    from ..shards.layout import store_directories
+    from ..store import manifest as mf
+    from ..store.journal_repair import REJECTED_FILE, repair_journal
 
     for directory in store_directories(index):
         moved = repair_journal(directory, mf.read_manifest(directory).dim)
@@ -349,9 +349,9 @@ def _repair_journals(index: str) -> None:
 
 def _upgrade(args: argparse.Namespace) -> int:
     """Each store of the index (every shard of a sharded one) converted in place."""
-    from .shards.layout import store_directories
-    from .store import upgrade
-    from .store.manifest import FORMAT_VERSION
+    from ..shards.layout import store_directories
+    from ..store import upgrade
+    from ..store.manifest import FORMAT_VERSION
 
     for directory in store_directories(args.index):
         found, items = upgrade(directory)
@@ -366,7 +366,7 @@ def _upgrade(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .shards import open_index
+    from ..shards import open_index
 
     with open_index(args.index) as store:
         before = len(store.info()["segments"])
@@ -377,8 +377,8 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _export_dataset(args: argparse.Namespace) -> int:
-    from .datasets import load_dataset
-    from .sources import write_image_folder
+    from ..evaluation.datasets import load_dataset
+    from ..pipeline.sources import write_image_folder
 
     split = load_dataset(args.dataset, args.data_root, seed=args.seed, image_size=args.image_size)
     items = {"train": split.train, "test": split.test, "all": split.train + split.test}[args.split]
@@ -390,7 +390,7 @@ def _export_dataset(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from .quantize import SCHEME_BY_NAME, quantize_model
+    from ..runtime.quantize import SCHEME_BY_NAME, quantize_model
 
     report = quantize_model(Path(args.model), Path(args.out), scheme=SCHEME_BY_NAME[args.to])
     print(report.summary())
@@ -398,7 +398,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from .optimize import optimize_model
+    from ..runtime.optimize import optimize_model
 
     report = optimize_model(Path(args.model), Path(args.out))
     print(report.summary())
@@ -525,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quantize.add_argument("--model", required=True)
     quantize.add_argument("--out", required=True)
-    from .quantize import SCHEME_BY_NAME
+    from ..runtime.quantize import SCHEME_BY_NAME
 
     quantize.add_argument("--to", choices=list(SCHEME_BY_NAME), default="int8",
                           help="int8 (CPUs, the default) or fp16 (GPUs)")  # fmt: skip
@@ -548,16 +548,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .stopping import RESUMABLE_COMMANDS, stop_on_ctrl_c, stopped_message
+    from ..stopping import RESUMABLE_COMMANDS, stop_on_ctrl_c, stopped_message
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
     )
-    from .optimize import OptimizeError
-    from .quantize import QuantizeError
-    from .store import StoreError
+    from ..runtime.optimize import OptimizeError
+    from ..runtime.quantize import QuantizeError
+    from ..store import StoreError
 
     try:
         if args.command in RESUMABLE_COMMANDS:
@@ -575,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _in_cli_words(exc: Exception) -> str:
     """`exc`'s message, where the store's says what to do in Python (`overwrite=True`,
     which `build` has no option for) in this command's words."""
-    from .store.errors import FolderNotEmptyError, held_names
+    from ..store.errors import FolderNotEmptyError, held_names
 
     if isinstance(exc, FolderNotEmptyError):
         return (
@@ -584,7 +584,3 @@ def _in_cli_words(exc: Exception) -> str:
             "files out of it"
         )
     return str(exc)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

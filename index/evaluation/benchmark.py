@@ -1,6 +1,6 @@
 """Offline benchmark: embed a labelled set, index it, measure quality and speed.
 
-What `vitrieval-index bench` runs. Quality comes from `index.metrics` on the
+What `vitrieval-index bench` runs. Quality comes from `index.evaluation.metrics` on the
 embeddings (exact ranking, so the numbers describe the model, not the index type);
 for an approximate FAISS factory the report adds its recall@10 against exact search,
 which is what the index type costs in quality. Speed: embedding images/s (decode +
@@ -10,8 +10,8 @@ Protocols: with only a gallery, leave-one-out within it; with a query set, queri
 against the gallery. A dataset name uses its held-out split as the gallery
 (leave-one-out), the standard protocol for CUB, Cars and SOP. Copy detection
 (`run_copy_detection`): a folder of photos is the gallery (plus distractors), edited
-copies of each photo (`index.copy_detection`) are the queries, and each query's one
-relevant item is its original (`index.metrics.target_ranks`); with `relevant="label"`
+copies of each photo (`index.evaluation.copy_detection`) are the queries, and each query's one
+relevant item is its original (`index.evaluation.metrics.target_ranks`); with `relevant="label"`
 the photos sharing its original's label (versions of one design) are relevant too.
 
 Re-ranking (`rerank=("aqe", "dba", "dba+aqe")`, `index.rerank`): the report gains
@@ -33,7 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_write_text
+from ..atomic import atomic_write_text
+from ..rerank import RerankSettings, leave_one_out_metrics, rerank_vectors
+from ..runtime.embedder import Embedder, EmbedResult
+from ..store import IndexStore
 from .copy_detection import (
     DEFAULT_PER_IMAGE,
     KINDS,
@@ -43,10 +46,7 @@ from .copy_detection import (
     describe,
 )
 from .datasets import DatasetError, Item
-from .embedder import Embedder, EmbedResult
 from .metrics import query_metrics, retrieval_metrics, target_metrics, target_ranks
-from .rerank import RerankSettings, leave_one_out_metrics, rerank_vectors
-from .store import IndexStore
 
 DEFAULT_KS = (1, 2, 4, 8)
 RELEVANT_MODES = ("original", "label")
@@ -247,18 +247,18 @@ def run_copy_detection(
     the lower gallery index, so an original beats a byte-identical distractor).
     Photos or distractors that cannot be decoded are left out and listed under
     `unreadable`; no copies are made of an unreadable photo. `kinds` forces every
-    copy's edits (None: the random composition of `index.copy_detection`).
+    copy's edits (None: the random composition of `index.evaluation.copy_detection`).
 
     `relevant="original"`: a copy's one relevant item is its original. `"label"`: every
     photo with its original's `label` is relevant too (versions of one design in one
-    folder), scored with `index.metrics.query_metrics`; a photo without a label is its
+    folder), scored with `index.evaluation.metrics.query_metrics`; a photo without a label is its
     own design, and distractors are never relevant.
 
     `rerank`: the same metrics after each re-ranking (module docstring); DBA augments
     the whole gallery, distractors included, and the copies are the queries.
 
     `save_copies`: a folder that receives every copy as a PNG file
-    (`index.copy_detection.copy_filename`). `ranks_path`: a CSV written with one row per
+    (`index.evaluation.copy_detection.copy_filename`). `ranks_path`: a CSV written with one row per
     embedded copy (`write_ranks`). Each photo is decoded once for all its copies; the
     report's `*_seconds` entries say where the time went.
     """
@@ -383,7 +383,7 @@ def write_ranks(
 ) -> None:
     """One CSV row per embedded copy: its query key, its file below the copies folder
     (empty when copies are not saved), its original's key, the original's rank (1-based,
-    exact over the whole gallery, `index.metrics.target_ranks`) and the cosine score
+    exact over the whole gallery, `index.evaluation.metrics.target_ranks`) and the cosine score
     between copy and original, and its edits (``crop+jpeg``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as out:

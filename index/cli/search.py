@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cli_common import add_runtime_options, embedder_from_args, open_index_with_model
-from .cli_types import Subcommands
-from .fusion import FUSIONS
-from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+from ..fusion import FUSIONS
+from ..rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+from .arguments import Subcommands
+from .common import add_runtime_options, embedder_from_args, open_index_with_model
 
 if TYPE_CHECKING:
-    from .filters import Filter
+    from ..filters import Filter
 
 NEAREST_FOR_KEYS = 100
 """Items a filter that matched nothing has its keys looked for in (the first query's
@@ -76,7 +76,7 @@ def read_filter(text: str | None) -> Filter | None:
     """--filter's JSON text (or @FILE's), parsed into the filter language's `Filter`
     (what the search takes): a bad one is a FilterError (a StoreError) or ValueError
     naming the problem."""
-    from .filters import parse_filter
+    from ..filters import parse_filter
 
     if text is None:
         return None
@@ -93,7 +93,7 @@ def read_filter(text: str | None) -> Filter | None:
 
 def _rerank(args: argparse.Namespace):
     """The alpha-QE of --rerank aqe, --aqe-n and --aqe-alpha (None without it)."""
-    from .query import AQE
+    from ..query import AQE
 
     if args.rerank != "aqe":
         if args.aqe_n is not None or args.aqe_alpha is not None:
@@ -107,9 +107,9 @@ def _rerank(args: argparse.Namespace):
 def missing_filter_keys(store: Any, query: Any, flt: Filter) -> str | None:
     """A note when a filter that matched nothing names metadata keys that none of the
     query's NEAREST_FOR_KEYS nearest items has (None when every key was seen)."""
-    from .query import search_store
-    from .store.fields import flatten
-    from .store.filters import field_values
+    from ..query import search_store
+    from ..store.fields import flatten
+    from ..store.filters import field_values
 
     fields = {leaf.field for leaf in flt.leaves() if not leaf.field.label}
     nearest = [hit for _, hit in search_store(store, query[None], NEAREST_FOR_KEYS)[0]]
@@ -129,8 +129,8 @@ def missing_filter_keys(store: Any, query: Any, flt: Filter) -> str | None:
 
 
 def search_command(args: argparse.Namespace) -> int:
-    from .images import ImageDecodeError
-    from .query import Where, search_store, search_store_fused
+    from ..query import Where, search_store, search_store_fused
+    from ..runtime.images import ImageDecodeError
 
     if args.k < 1:
         raise ValueError("-k must be at least 1")

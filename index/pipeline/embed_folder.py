@@ -1,8 +1,9 @@
 """`vitrieval-index embed`: embed a list of images into an embeddings folder, part by part.
 
-The folder's format is `index.embeddings`. The job cuts the image list (a folder walk
-or a CSV, read as `build --images` reads it) into parts of `part_size` images (by
-default `default_part_size`: about `DEFAULT_PARTS` parts, whatever the runner); part i
+The folder's format is `index.pipeline.embeddings_folder`. The job cuts the image
+list (a folder walk or a CSV, read as `build --images` reads it) into parts of
+`part_size` images (by default `default_part_size`: about `DEFAULT_PARTS` parts,
+whatever the runner); part i
 holds the readable images among inputs [i * part_size, (i + 1) * part_size) and is
 written as `part-0000i.parquet` atomically. After each part, `errors.csv` (path,
 reason, key and part of every unreadable file) and then `embeddings.json` (the commit
@@ -39,10 +40,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from .atomic import atomic_write_text
-from .datasets import Item
-from .embedder import Embedder
-from .embeddings import (
+from ..atomic import atomic_write_text
+from ..evaluation.datasets import Item
+from ..progress import LineProgress, progress_bar
+from ..runtime.embedder import Embedder
+from ..stopping import Stopped
+from .embeddings_folder import (
     ERRORS_FILE,
     FORMAT,
     META_FILE,
@@ -54,8 +57,6 @@ from .embeddings import (
     write_meta,
     write_part,
 )
-from .progress import LineProgress, progress_bar
-from .stopping import Stopped
 
 MAX_PART_SIZE = 50_000
 """The largest default part: a part's vectors are held in memory until it is written

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cli_types import Subcommands
-from .rerank import DEFAULT_DBA_ALPHA, DEFAULT_DBA_NEIGHBOURS
+from ..rerank import DEFAULT_DBA_ALPHA, DEFAULT_DBA_NEIGHBOURS
+from .arguments import Subcommands
 
 ALL_FIELDS_WORD = "all"
 
@@ -70,7 +70,7 @@ def wants_settings(args: argparse.Namespace) -> bool:
 
 def apply_index_settings(args: argparse.Namespace, index: Path, rewrite: bool = True) -> str:
     """Record the settings `args` name in `index` and rewrite it; returns what changed."""
-    from .shards import open_index
+    from ..shards import open_index
 
     with open_index(index) as store:
         if args.filter_fields is not None:

@@ -1,7 +1,7 @@
 """What every image decoder shares: the error it raises and the EXIF tag it reads.
 
-Apart from index/images.py so that the decoders it dispatches to (index/vips_decode.py)
-need not import it back.
+Apart from index/runtime/images.py so that the decoders it dispatches to
+(index/runtime/vips_decode.py) need not import it back.
 """
 
 from __future__ import annotations

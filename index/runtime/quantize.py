@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 from .model_metadata import PREFIX, ModelMetadataError, read_model_metadata
 
 SCHEME = "int8-dynamic"
@@ -59,7 +59,7 @@ SCHEMES = (SCHEME, FP16)  # what `quantize_model` writes; the first is the defau
 SCHEME_BY_NAME = {"int8": SCHEME, "fp16": FP16}  # `vitrieval-index quantize --to NAME`
 QUANTIZATION_KEY = PREFIX + "quantization"
 SOURCE_FINGERPRINT_KEY = PREFIX + "source_fingerprint"
-OPTIMIZATION_KEY = PREFIX + "optimization"  # set by index.optimize
+OPTIMIZATION_KEY = PREFIX + "optimization"  # set by index.runtime.optimize
 FINGERPRINT_KEY = PREFIX + "fingerprint"
 QUANTIZED_OPS = ("MatMul", "Gemm", "Attention")
 N_RANDOM_CHECK_IMAGES = 16

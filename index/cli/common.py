@@ -26,7 +26,7 @@ def add_verbose_option(
 
 def embedder_from_args(model: Path, args: argparse.Namespace):
     """The Embedder of `model` with the command's --device and --batch-size."""
-    from .embedder import Embedder
+    from ..runtime.embedder import Embedder
 
     return Embedder(model_from_args(model), device=args.device, batch_size=args.batch_size)
 
@@ -34,9 +34,9 @@ def embedder_from_args(model: Path, args: argparse.Namespace):
 def model_from_args(model: str | Path) -> Path:
     """A `--model`: the model file, or for an index folder the model copy it keeps
     (what it was built with); anything else is refused by `model_file`, saying why."""
-    from .shards import is_index
-    from .shards.layout import store_directories
-    from .store.manifest import MODEL_COPY_FILE
+    from ..shards import is_index
+    from ..shards.layout import store_directories
+    from ..store.manifest import MODEL_COPY_FILE
 
     model = Path(model)
     if model.is_dir() and is_index(model):
@@ -74,9 +74,9 @@ def open_index_with_model(index: Path, override: str | None):
     The model is the index's own copy; `--model` may only name the same weights.
     Returns (store, model path).
     """
-    from .model_metadata import read_model_metadata
-    from .shards import open_index
-    from .store import StoreError
+    from ..runtime.model_metadata import read_model_metadata
+    from ..shards import open_index
+    from ..store import StoreError
 
     store = open_index(index)
     if override:
