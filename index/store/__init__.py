@@ -75,12 +75,15 @@ manifest.json::
 - A crash at any moment leaves the last committed generation loadable: nothing a
   manifest lists is ever overwritten, and files it does not list are never read.
 
-Older formats open read-only (save, merge and a journalling open ask for an upgrade);
-`upgrade()` (`vitrieval-index upgrade DIR`) converts them in place. Format 2 is this
-one without the columns files: its field index answers every filter, and the upgrade
-writes the columns of its segments (every byte of a segment verified first) and
-commits format 3. Format 1 (one generation: index.<g>.faiss and items.<g>.sqlite
-holding every vector; legacy.py) is sealed into segments by the upgrade.
+`upgrade()` (`vitrieval-index upgrade DIR`) converts older formats in place. Format 2
+is this one without the columns files: it opens read-only (save, merge and a
+journalling open ask for the upgrade), its field index answering every filter; the
+upgrade writes the columns of its segments (every byte of a segment verified first)
+and commits format 3. Format 1 (one generation: index.<g>.faiss and items.<g>.sqlite
+holding every vector) does not open: `open` raises a StoreError naming the upgrade.
+Only the upgrade reads it (upgrade_format1.py, which nothing the store imports for
+open, search or save imports), sealing it into segments with its journalled
+mutations; the manifest is the commit point, as for every save.
 
 GPU: with GPU FAISS and gpu="auto" (or "cuda"), searches run on GPU copies of the
 segments; the CPU files stay authoritative. gpu="cpu" never uses a GPU; gpu="cuda"

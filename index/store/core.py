@@ -117,7 +117,8 @@ class IndexStore:
         also checks every byte against the manifest's checksums (see `verify()`).
         fingerprint / dim: refuse an index built with another model or dimension.
         journal: make every later add() and remove() durable on return (a server).
-        A format-1 directory opens read-only (`vitrieval-index upgrade` converts it).
+        A format-2 directory opens read-only; a format-1 one does not open (a StoreError
+        naming `vitrieval-index upgrade DIR`, which converts both).
         """
         return open_store(
             cls,

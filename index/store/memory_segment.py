@@ -4,8 +4,8 @@ A FAISS index of the store's factory (cloned from the trained quantizer for IVF/
 plus an in-memory SQLite item table that keeps each exact vector, so the segment can
 be written out (sealed) or rebuilt without touching the sealed segments. New adds
 always land here; the write-ahead journal (journal.py) makes them durable until the
-next save seals the segment. A format-1 index opened read-only is also loaded into
-one of these (legacy.py).
+next save seals the segment. The upgrade of a format-1 index loads it into one of
+these (upgrade_format1.py).
 
 Removal: layouts that can remove vectors remove them; others (HNSW) keep tombstones
 (rows marked deleted) that searches skip and sealing leaves out.

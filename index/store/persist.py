@@ -23,7 +23,6 @@ from . import manifest as mf
 from .errors import StoreError
 from .journal import JournalOwner
 from .leases import Lease, leased_files
-from .legacy import older_format_message
 from .memory_segment import MemorySegment
 from .merge import pick_merge
 from .segment import Augment, SealedSegment, write_segment, write_tombstones
@@ -40,7 +39,7 @@ def save(state: StoreState) -> bool:
     with state.commit_lock:
         with state.lock:
             if not state.writable:
-                raise StoreError(older_format_message(state.directory, state.format_version))
+                raise StoreError(mf.older_format_message(state.directory, state.format_version))
             if not state.unsaved_changes:
                 return False
             state.directory.mkdir(parents=True, exist_ok=True)
@@ -89,7 +88,7 @@ def merge(
     with state.commit_lock:
         with state.lock:
             if not state.writable:
-                raise StoreError(older_format_message(state.directory, state.format_version))
+                raise StoreError(mf.older_format_message(state.directory, state.format_version))
             if not state.owns_journal:
                 JournalOwner.check_free(state.directory)  # a server owns this index
             healthy = state.healthy_sealed()

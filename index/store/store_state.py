@@ -53,7 +53,6 @@ class StoreState:
         committed: mf.Manifest | None,
         sealed: list[SealedSegment] | None = None,
         growing: MemorySegment | None = None,
-        legacy: bool = False,
         filter_fields: FieldSelection | None = None,
         dba: tuple[int, float] | None = None,
         lease: Lease | None = None,
@@ -70,7 +69,7 @@ class StoreState:
         self._committed = committed
         self._base_generation = committed.generation if committed else None
         # the format of the index as opened: an older one is read, not written (upgrade)
-        self._format = mf.LEGACY_FORMAT_VERSION if legacy else mf.FORMAT_VERSION
+        self._format = mf.FORMAT_VERSION
         self._model_source: Path | None = None  # a model still to copy in at save
         self._sealed: list[SealedSegment] = sealed or []
         self._sealing: list[MemorySegment] = []  # frozen growing segments being written
@@ -126,18 +125,14 @@ class StoreState:
         return self._created
 
     @property
-    def legacy(self) -> bool:
-        """A format-1 index: read-only until upgraded."""
-        return self._format == mf.LEGACY_FORMAT_VERSION
-
-    @property
     def writable(self) -> bool:
         """Whether the index is of the format this vitrieval writes (older formats are
         read-only until `vitrieval-index upgrade`)."""
         return self._format == mf.FORMAT_VERSION
 
     def opened_format(self, version: int) -> None:
-        """The index was opened from a manifest of format `version` (loading.py)."""
+        """The index was opened from a manifest of format `version` (loading.py; format
+        1: upgrade_format1.py)."""
         self._format = version
 
     @property
@@ -340,7 +335,7 @@ class StoreState:
             raise
         self._journal_pending += len(keys)
 
-    # -- opening and creating (loading.py, legacy.py, upgrade.py) -------------------------
+    # -- opening and creating (loading.py, upgrade.py, upgrade_format1.py) -------------------------
 
     def replacing(
         self,
@@ -381,7 +376,8 @@ class StoreState:
 
     def upgrade_format(self) -> None:
         """Make the next save write this index in the current format: a format-1 index
-        is sealed anew; a format-2 one has its segments' columns files written now."""
+        (its in-memory segment, upgrade_format1.py) is sealed anew; a format-2 one has
+        its segments' columns files written now."""
         if self._format == mf.COLUMNLESS_FORMAT_VERSION:
             for segment in self._sealed:
                 segment.write_columns()

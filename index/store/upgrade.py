@@ -15,6 +15,12 @@ def upgrade(directory: str | Path) -> tuple[int, int]:
     mutations replayed and included); format 2 gets its segments' columns files. A
     no-op for the current format. The manifest is the commit point: a failure before
     it leaves the index as it was (the files written meanwhile are debris)."""
+    directory = Path(directory)
+    if mf.stored_format_version(directory) == mf.UPGRADE_ONLY_FORMAT_VERSION:
+        # imported here, so that importing the store never loads the format-1 reader
+        from .upgrade_format1 import upgrade_format1
+
+        return mf.UPGRADE_ONLY_FORMAT_VERSION, upgrade_format1(directory)
     store = IndexStore.open(directory)
     try:
         found = store.format_version
