@@ -60,9 +60,9 @@ def test_upgrade_and_merge_commands(tmp_path: Path, capsys) -> None:
             f"`vitrieval-index upgrade {tmp_path / 'old'}`"
         ]
     code, out, _ = run(capsys, "upgrade", tmp_path / "old")
-    assert code == 0 and out.strip().endswith("converted from format 1 to format 3 (120 items)")
+    assert code == 0 and out.strip().endswith("converted from format 1 to format 4 (120 items)")
     code, out, _ = run(capsys, "upgrade", tmp_path / "old")
-    assert code == 0 and "already in format 3" in out
+    assert code == 0 and "already in format 4" in out
     code, out, err = run(capsys, "remove", tmp_path / "old", "3")
     assert code == 0
     many = saved_in_parts(tmp_path / "many", x, 3)

@@ -335,10 +335,10 @@ def test_a_format_1_index_is_refused_and_upgrades_in_place(tmp_path: Path) -> No
     names = sorted(p.name for p in (tmp_path / "old").iterdir() if p.name != LEASE_DIR)
     assert names == [".lock", "manifest.json", "seg.1.columns", "seg.1.faiss", "seg.1.items.sqlite"]
     new = IndexStore.open(tmp_path / "old", journal=True, verify=True)
-    assert new.info()["format_version"] == 3 and len(new) == 300
+    assert new.info()["format_version"] == 4 and len(new) == 300
     assert as_pairs(new.search(queries, 10)) == brute_force(queries, x, 10)
     new.close()
-    assert upgrade(tmp_path / "old") == (3, 300)  # already done: nothing to do
+    assert upgrade(tmp_path / "old") == (4, 300)  # already done: nothing to do
 
 
 def test_the_upgrade_of_format_1_includes_its_journalled_mutations(tmp_path: Path) -> None:
@@ -420,10 +420,10 @@ def test_a_format_2_index_opens_read_only_and_upgrade_writes_its_columns(
         "seg.2.columns",
     ]
     new = IndexStore.open(directory, journal=True, verify=True)
-    assert new.info()["format_version"] == 3 and new.search(x[:5], 20, filter=flt) == before
+    assert new.info()["format_version"] == 4 and new.search(x[:5], 20, filter=flt) == before
     assert all("rank" in s.columns.numbers for s in new._state.sealed)
     new.close()
-    assert upgrade(directory) == (3, 200)
+    assert upgrade(directory) == (4, 200)
 
 
 def test_an_upgrade_that_fails_midway_leaves_format_1(tmp_path: Path, monkeypatch) -> None:

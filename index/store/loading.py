@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
+from .augment import DbaIndex
 from .errors import FolderNotEmptyError, StoreError
 from .fields import FieldSelection, check_field_paths
 from .journal import JOURNAL_FILE, JOURNAL_LOCK_FILE, Journal, JournalOwner
@@ -119,9 +120,12 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
             data, directory / manifest.quantizer.name, manifest.dim, "cpu"
         ).cpu
     sealed: list[SealedSegment] = []
+    dba_index = None
     try:
         for entry in manifest.segments:
             sealed.append(SealedSegment(directory, entry, manifest.dim, gpu, manifest.factory))
+        if manifest.dba_index is not None:
+            dba_index = DbaIndex(directory, manifest.dba_index, manifest.dim)
     except BaseException:
         for segment in sealed:
             segment.close()
@@ -137,6 +141,7 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
         sealed=sealed,
         filter_fields=FieldSelection(manifest.filter_fields),
         dba=manifest.dba,
+        dba_index=dba_index,
         lease=lease,  # held while the state reads these files: a writer keeps them
     )
     for name, value in manifest.search_params.items():
