@@ -34,10 +34,11 @@ def test_configure_sets_fields_and_dba_and_rewrites_the_index(tmp_path: Path, ca
     )
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     assert manifest["filter_fields"] == ["colour"]
-    assert manifest["dba"] == {"neighbours": 2, "alpha": 3.0}
+    dba = manifest["dba"]  # the settings and the derived index, beside the segments
+    assert (dba["neighbours"], dba["alpha"], dba["count"]) == (2, 3.0, len(x))
     with IndexStore.open(tmp_path / "idx") as store:
         (segment,) = store._state.sealed
-        assert segment.dba is not None
+        assert store.info()["dba"]["live_items_with_dba"] == len(x)
         paths = {p for (p,) in segment._db.execute("SELECT DISTINCT path FROM fields")}
         assert paths == {"colour"}
         hits = store.search(

@@ -1,8 +1,11 @@
-"""Database-side augmentation in the store: the DBA vector set a merge writes, against
-a naive reference computed here; switching it on and off; persistence and checks."""
+"""Database-side augmentation in the store: the derived DBA index a commit writes,
+against a naive reference computed here (before and after adds, removes and merges);
+refusals while it is stale; switching it on and off; persistence, crashes, checks and
+the upgrade of format 3 (DBA vectors inside segments)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,7 +13,7 @@ import numpy as np
 import pytest
 from store_helpers import flip_byte, unit_vectors
 
-from index.store import IndexStore, StoreError
+from index.store import IndexStore, StoreError, upgrade
 
 N, DIM = 400, 16
 
@@ -78,18 +81,25 @@ def test_augmented_search_ranks_against_the_naive_dba_vectors(tmp_path: Path, fa
         assert again.search(queries, 10, augmented=True) == hits
 
 
-def test_new_items_are_ranked_plain_until_merged_and_dba_switches_off(tmp_path: Path) -> None:
+def test_unsaved_items_are_refused_then_saved_with_their_dba_and_dba_switches_off(
+    tmp_path: Path,
+) -> None:
     rng = np.random.default_rng(1)
     x = unit_vectors(rng, N, DIM)
     store = built(tmp_path / "idx", x, "Flat", ["red"] * N)
     store.set_dba(2, 3.0)
-    store.merge(everything=True, rewrite=True)
+    with pytest.raises(StoreError, match="no DBA vectors for its settings yet: save the index"):
+        store.search(x[:1], 1, augmented=True)  # set, not computed yet
+    store.save()  # the commit computes the DBA vectors of every item
     extra = unit_vectors(rng, 1, DIM)
     store.add(["new"], extra)
-    store.save()  # sealed without a DBA set: searched by its plain vector
+    with pytest.raises(StoreError, match="unsaved adds or removes its DBA vectors do not cover"):
+        store.search(extra, 1, augmented=True)
+    store.save()
+    reference = naive_dba(np.concatenate([x, extra]), 2, 3.0)
     top = store.search(extra, 1, augmented=True)[0][0]
-    assert top.key == "new" and top.score == pytest.approx(1.0, abs=1e-5)
-    assert store.info()["dba"]["live_items_with_dba"] == N
+    assert top.key == "new" and top.score == pytest.approx(float(extra[0] @ reference[N]), abs=1e-5)
+    assert store.info()["dba"]["live_items_with_dba"] == N + 1
     store.set_dba(None)
     store.save()
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
@@ -108,10 +118,126 @@ def test_a_damaged_dba_file_fails_verification(tmp_path: Path) -> None:
     store = built(tmp_path / "idx", x, "IVF4,Flat", ["red"] * 200)
     store.set_dba(2, 3.0)
     store.merge(everything=True, rewrite=True)
-    number = store._state.sealed[0].number
+    generation = store.info()["generation"]
     store.close()
-    names = sorted(p.name for p in (tmp_path / "idx").glob(f"seg.{number}.dba.*"))
-    assert names == [f"seg.{number}.dba.faiss", f"seg.{number}.dba.npy"]
-    flip_byte(tmp_path / "idx" / f"seg.{number}.dba.npy", 200)
-    with pytest.raises(StoreError, match=f"seg.{number}.dba.npy"):
+    names = sorted(p.name for p in (tmp_path / "idx").glob("dba.*"))
+    assert names == [f"dba.{generation}.ids.npy", f"dba.{generation}.npy"]  # outside segments
+    assert not list((tmp_path / "idx").glob("seg.*.dba.*"))
+    flip_byte(tmp_path / "idx" / f"dba.{generation}.npy", 200)
+    with pytest.raises(StoreError, match=rf"dba\.{generation}\.npy"):
         IndexStore.open(tmp_path / "idx", verify=True)
+
+
+def assert_augmented_is_naive(store, vectors: dict[str, np.ndarray], queries, n, alpha) -> None:
+    keys = sorted(vectors, key=int)  # ids follow the keys' order of addition here
+    reference = naive_dba(np.stack([vectors[k] for k in keys]), n, alpha)
+    hits = store.search(queries, 10, augmented=True)
+    expected = [[keys[int(i)] for i in row] for row in ranked(queries, reference, 10)]
+    assert [[h.key for h in row] for row in hits] == expected
+    scores = queries @ reference.T
+    position = {k: i for i, k in enumerate(keys)}
+    assert (
+        max(abs(h.score - scores[q, position[h.key]]) for q, row in enumerate(hits) for h in row)
+        < 1e-5
+    )
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat"])
+def test_dba_follows_adds_removes_and_merges(tmp_path: Path, factory: str) -> None:
+    rng = np.random.default_rng(3)
+    x = unit_vectors(rng, 300, DIM)
+    queries = unit_vectors(rng, 6, DIM)
+    store = built(tmp_path / "idx", x[:200], factory, ["red"] * 200)
+    store.set_dba(3, 2.0)
+    store.save()
+    live = {str(i): x[i] for i in range(200)}
+    assert_augmented_is_naive(store, live, queries, 3, 2.0)
+    store.add([str(i) for i in range(200, 300)], x[200:])  # a third segment
+    store.remove([str(i) for i in range(0, 60, 3)])  # tombstones in the first
+    store.save()
+    live.update({str(i): x[i] for i in range(200, 300)})
+    for i in range(0, 60, 3):
+        del live[str(i)]
+    assert_augmented_is_naive(store, live, queries, 3, 2.0)
+    files = sorted(p.name for p in (tmp_path / "idx").glob("dba.*"))
+    assert store.merge(everything=True) > 0  # the same items: the derived index is kept
+    assert sorted(p.name for p in (tmp_path / "idx").glob("dba.*")) == files
+    assert_augmented_is_naive(store, live, queries, 3, 2.0)
+    store.remove(["250"])
+    store.save()
+    del live["250"]
+    assert_augmented_is_naive(store, live, queries, 3, 2.0)
+    store.close()
+    with IndexStore.open(tmp_path / "idx", verify=True) as again:
+        assert_augmented_is_naive(again, live, queries, 3, 2.0)
+        assert again.info()["dba"]["live_items_with_dba"] == len(live)
+
+
+def test_a_crash_between_the_derived_index_and_the_manifest(tmp_path: Path, monkeypatch) -> None:
+    rng = np.random.default_rng(4)
+    x = unit_vectors(rng, 150, DIM)
+    queries = unit_vectors(rng, 4, DIM)
+    store = built(tmp_path / "idx", x[:100], "Flat", ["red"] * 100)
+    store.set_dba(2, 3.0)
+    store.save()
+    store.close()
+    before = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    store = IndexStore.open(tmp_path / "idx")
+    store.add([str(i) for i in range(100, 150)], x[100:])
+    import index.store.persist as persist_module
+
+    def crash(*args, **kwargs):
+        raise OSError("killed before the manifest")
+
+    monkeypatch.setattr(persist_module.mf, "write_manifest", crash)
+    with pytest.raises(OSError, match="killed"):
+        store.save()
+    monkeypatch.undo()
+    # the new generation's derived index was written, then the commit never happened
+    assert (tmp_path / "idx" / f"dba.{before['generation'] + 1}.npy").exists()
+    store.close()
+    assert json.loads((tmp_path / "idx" / "manifest.json").read_text()) == before
+    with IndexStore.open(tmp_path / "idx", verify=True) as again:  # the last commit, whole
+        assert len(again) == 100
+        assert_augmented_is_naive(again, {str(i): x[i] for i in range(100)}, queries, 2, 3.0)
+        again.add([str(i) for i in range(100, 150)], x[100:])
+        again.save()  # writes over the debris, then commits and removes what is unlisted
+        assert_augmented_is_naive(again, {str(i): x[i] for i in range(150)}, queries, 2, 3.0)
+    listed = json.loads((tmp_path / "idx" / "manifest.json").read_text())["dba"]
+    assert sorted(p.name for p in (tmp_path / "idx").glob("dba.*")) == sorted(
+        [listed["ids"]["file"], listed["vectors"]["file"]]
+    )
+
+
+def test_a_format_3_index_with_dba_in_its_segments_upgrades(tmp_path: Path) -> None:
+    """Format 3 kept DBA vectors in segment files: it opens read-only, refuses an
+    augmented search naming the upgrade, which computes the derived index and drops
+    the segment files."""
+    rng = np.random.default_rng(5)
+    x = unit_vectors(rng, 120, DIM)
+    queries = unit_vectors(rng, 4, DIM)
+    directory = tmp_path / "idx"
+    store = built(directory, x, "Flat", ["red"] * 120)
+    store.set_dba(2, 3.0)
+    store.save()
+    store.close()
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for name in (manifest["dba"]["ids"]["file"], manifest["dba"]["vectors"]["file"]):
+        (directory / name).unlink()
+    manifest["format_version"] = 3
+    manifest["dba"] = {"neighbours": 2, "alpha": 3.0}
+    for segment in manifest["segments"]:  # a DBA vector set as format 3 wrote it
+        name = f"seg.{segment['number']}.dba.faiss"
+        (directory / name).write_bytes(b"old DBA vectors")
+        digest = hashlib.sha256(b"old DBA vectors").hexdigest()
+        segment["files"][name] = {"sha256": digest, "bytes": len(b"old DBA vectors")}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    with IndexStore.open(directory) as old:
+        assert old.info()["format_version"] == 3 and len(old) == 120
+        with pytest.raises(StoreError, match="vitrieval-index upgrade"):
+            old.search(queries, 5, augmented=True)
+    assert upgrade(directory) == (3, 120)
+    assert not list(directory.glob("seg.*.dba.*"))
+    with IndexStore.open(directory, journal=True, verify=True) as new:
+        assert new.info()["format_version"] == 4
+        assert_augmented_is_naive(new, {str(i): x[i] for i in range(120)}, queries, 2, 3.0)

@@ -204,14 +204,17 @@ def test_filter_fields_index_some_paths_and_others_still_filter(tmp_path: Path, 
 
 
 def test_a_segment_without_a_field_index_is_filtered_by_reading_metadata(tmp_path: Path) -> None:
-    # a format-1 index predates field indexes: filters still give the right items
+    # a format-1 index predates field indexes: filters still give the right items over
+    # the in-memory segment its upgrade loads it into
     from test_segments import write_format_1
+
+    from index.store.upgrade_format1 import open_format1
 
     rng = np.random.default_rng(4)
     x = exact_vectors(rng, 200, 16)
     write_format_1(tmp_path / "old", x)  # labels str(i % 4), empty metadata
     queries = exact_vectors(rng, 4, 16)
-    with IndexStore.open(tmp_path / "old") as old:
+    with open_format1(tmp_path / "old") as old:
         allowed = np.array([i % 4 in (1, 2) for i in range(200)])
         raw = {"must": [{"key": "label", "match": {"any": ["1", "2"]}}]}
         found = [[(int(h.key), h.score) for h in row] for row in old.search(queries, 5, filter=raw)]

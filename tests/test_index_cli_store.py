@@ -1,4 +1,5 @@
-"""`vitrieval-index verify | upgrade | merge | info` on segmented and format-1 indexes."""
+"""`vitrieval-index verify | upgrade | merge | info` on segmented indexes; format 1
+refused, then upgraded."""
 
 from __future__ import annotations
 
@@ -51,12 +52,17 @@ def test_info_lists_the_segments_on_one_line(tmp_path: Path, capsys) -> None:
 def test_upgrade_and_merge_commands(tmp_path: Path, capsys) -> None:
     x = exact_vectors(np.random.default_rng(2), 120)
     write_format_1(tmp_path / "old", x)
-    code, out, err = run(capsys, "remove", tmp_path / "old", "3")
-    assert code == 2 and "vitrieval-index upgrade" in err and len(err.strip().splitlines()) == 1
+    for command in (["remove", tmp_path / "old", "3"], ["info", tmp_path / "old"]):
+        code, out, err = run(capsys, *command)
+        assert code == 2 and err.strip().splitlines() == [
+            f"vitrieval-index {command[0]}: error: {tmp_path / 'old'} is an index of "
+            "format 1, which this vitrieval does not open: convert it with "
+            f"`vitrieval-index upgrade {tmp_path / 'old'}`"
+        ]
     code, out, _ = run(capsys, "upgrade", tmp_path / "old")
-    assert code == 0 and out.strip().endswith("converted from format 1 to format 3 (120 items)")
+    assert code == 0 and out.strip().endswith("converted from format 1 to format 4 (120 items)")
     code, out, _ = run(capsys, "upgrade", tmp_path / "old")
-    assert code == 0 and "already in format 3" in out
+    assert code == 0 and "already in format 4" in out
     code, out, err = run(capsys, "remove", tmp_path / "old", "3")
     assert code == 0
     many = saved_in_parts(tmp_path / "many", x, 3)

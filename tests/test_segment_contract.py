@@ -30,6 +30,13 @@ def test_the_contract_names_what_a_store_reads():
     assert PROPERTIES == ["ntotal", "tombstones"]
 
 
+def test_segments_know_nothing_of_dba():
+    """DBA is a derived index beside the segments (augment.py), not a segment's."""
+    for name in METHODS:
+        names = [p for p, _ in _parameters(getattr(Segment, name))]
+        assert "augmented" not in names and "dba" not in name, name
+
+
 @pytest.mark.parametrize("kind", [SealedSegment, MemorySegment])
 @pytest.mark.parametrize("name", METHODS)
 def test_each_kind_has_each_method_with_the_same_parameters(kind, name):

@@ -1,6 +1,6 @@
 """The segmented store: search over segments equals one index, saves cost the change,
 merges run beside searches and adds and survive SIGKILL, and format-1 directories
-open read-only and upgrade in place."""
+are refused by the store and upgrade in place."""
 
 from __future__ import annotations
 
@@ -319,27 +319,64 @@ def write_format_1(directory: Path, x: np.ndarray, deleted: set[int] = frozenset
     (directory / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_a_format_1_index_opens_read_only_and_upgrades_in_place(tmp_path: Path) -> None:
+def test_a_format_1_index_is_refused_and_upgrades_in_place(tmp_path: Path) -> None:
+    """The store does not open format 1: it names the upgrade, which converts it."""
     rng = np.random.default_rng(8)
     x = exact_vectors(rng, 300)
     queries = exact_vectors(rng, 10)
     write_format_1(tmp_path / "old", x)
-    old = IndexStore.open(tmp_path / "old")
-    assert old.info()["format_version"] == 1 and len(old) == 300
-    before = old.search(queries, 10)
-    assert as_pairs(before) == brute_force(queries, x, 10)
-    old.add(["new"], x[:1])  # in memory only: a format-1 folder is not written
-    with pytest.raises(StoreError, match=r"format 1.*vitrieval-index upgrade"):
-        old.save()
-    with pytest.raises(StoreError, match=r"format 1.*vitrieval-index upgrade"):
-        IndexStore.open(tmp_path / "old", journal=True)
+    files_before = sorted(p.name for p in (tmp_path / "old").iterdir())
+    refusal = rf"{tmp_path / 'old'} is an index of format 1.*vitrieval-index upgrade "
+    for journal in (False, True):
+        with pytest.raises(StoreError, match=refusal):
+            IndexStore.open(tmp_path / "old", journal=journal)
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == files_before
     assert upgrade(tmp_path / "old") == (1, 300)
     names = sorted(p.name for p in (tmp_path / "old").iterdir() if p.name != LEASE_DIR)
     assert names == [".lock", "manifest.json", "seg.1.columns", "seg.1.faiss", "seg.1.items.sqlite"]
     new = IndexStore.open(tmp_path / "old", journal=True, verify=True)
-    assert new.info()["format_version"] == 3 and new.search(queries, 10) == before
+    assert new.info()["format_version"] == 4 and len(new) == 300
+    assert as_pairs(new.search(queries, 10)) == brute_force(queries, x, 10)
     new.close()
-    assert upgrade(tmp_path / "old") == (3, 300)  # already done: nothing to do
+    assert upgrade(tmp_path / "old") == (4, 300)  # already done: nothing to do
+
+
+def test_the_upgrade_of_format_1_includes_its_journalled_mutations(tmp_path: Path) -> None:
+    x = exact_vectors(np.random.default_rng(11), 40)
+    write_format_1(tmp_path / "old", x)
+    vector = np.ascontiguousarray(x[5], dtype="<f4").tobytes()
+    with sqlite3.connect(tmp_path / "old" / "journal.sqlite") as db:  # as format 1 left it
+        db.execute(
+            "CREATE TABLE ops (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL, "
+            "key TEXT NOT NULL, label TEXT, path TEXT, metadata TEXT, vector BLOB)"
+        )
+        db.executemany(
+            "INSERT INTO ops (op, key, label, path, metadata, vector) VALUES (?,?,?,?,?,?)",
+            [("add", "new", "N", None, "{}", vector), ("remove", "3", None, None, None, None)],
+        )
+    assert upgrade(tmp_path / "old") == (1, 40)
+    with IndexStore.open(tmp_path / "old", journal=True, verify=True) as new:
+        assert new.get("new").label == "N" and "3" not in new and len(new) == 40
+
+
+def test_the_store_never_imports_the_format_1_reader(tmp_path: Path) -> None:
+    """Opening, searching and saving a store loads no format-1 code: only the upgrade
+    does."""
+    script = (
+        "import sys, numpy as np\n"
+        "from index.store import IndexStore\n"
+        "x = np.eye(4, dtype='float32')\n"
+        f"s = IndexStore.create({str(tmp_path / 'idx')!r}, dim=4)\n"
+        "s.add(['a', 'b'], x[:2]); s.save(); s.close()\n"
+        f"s = IndexStore.open({str(tmp_path / 'idx')!r}, journal=True)\n"
+        "s.search(x[:1], 2); s.add(['c'], x[2:3]); s.save(); s.merge(everything=True)\n"
+        "s.close()\n"
+        "print(sorted(m for m in sys.modules if 'format1' in m or 'legacy' in m))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def test_a_format_2_index_opens_read_only_and_upgrade_writes_its_columns(
@@ -383,10 +420,10 @@ def test_a_format_2_index_opens_read_only_and_upgrade_writes_its_columns(
         "seg.2.columns",
     ]
     new = IndexStore.open(directory, journal=True, verify=True)
-    assert new.info()["format_version"] == 3 and new.search(x[:5], 20, filter=flt) == before
+    assert new.info()["format_version"] == 4 and new.search(x[:5], 20, filter=flt) == before
     assert all("rank" in s.columns.numbers for s in new._state.sealed)
     new.close()
-    assert upgrade(directory) == (3, 200)
+    assert upgrade(directory) == (4, 200)
 
 
 def test_an_upgrade_that_fails_midway_leaves_format_1(tmp_path: Path, monkeypatch) -> None:
@@ -401,8 +438,9 @@ def test_an_upgrade_that_fails_midway_leaves_format_1(tmp_path: Path, monkeypatc
     with pytest.raises(OSError):
         upgrade(tmp_path / "old")
     monkeypatch.undo()
-    store = IndexStore.open(tmp_path / "old")
-    assert store.info()["format_version"] == 1 and len(store) == 50
+    with pytest.raises(StoreError, match=r"format 1.*vitrieval-index upgrade"):
+        IndexStore.open(tmp_path / "old")  # still format 1, as it was
+    assert upgrade(tmp_path / "old") == (1, 50)
 
 
 # -- failure paths of a save -------------------------------------------------------------

@@ -492,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(handler=_verify)
 
     upgrade = sub.add_parser(
-        "upgrade", help="convert an index of format 1 or 2 to format 3, in place"
+        "upgrade", help="convert an index of format 1, 2 or 3 to format 4, in place"
     )
     upgrade.add_argument("index")
     upgrade.set_defaults(handler=_upgrade)

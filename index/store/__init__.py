@@ -1,6 +1,6 @@
 """Crash-safe, verified FAISS index store in segments: the index directory.
 
-This docstring is the contract of the on-disk format (format_version 3)::
+This docstring is the contract of the on-disk format (format_version 4)::
 
     INDEX/
       manifest.json            the commit point (below)
@@ -20,8 +20,10 @@ This docstring is the contract of the on-disk format (format_version 3)::
                                at most one number an item, all integers within
                                ±2**53; a text column (ids, int32 codes, dictionary)
                                per path with at most one string or boolean an item
-      seg.<n>.dba.faiss        segment n's DBA vectors, when a merge computed them
-      seg.<n>.dba.npy          (augment.py); .npy absent for "Flat"
+      dba.<g>.ids.npy          the derived DBA index (augment.py), computed at
+      dba.<g>.npy              generation g: sorted int64 ids of every live item, and
+                               float32 (n, dim) their DBA vectors in that order; only
+                               with `dba` set
       seg.<n>.del.<g>.npy      segment n's tombstones as of generation g (sorted int64)
       journal.sqlite           the write-ahead journal of the growing segment (journal.py)
       journal.rejected.jsonl   journal rows `verify --repair` set aside (journal_repair.py)
@@ -31,11 +33,13 @@ This docstring is the contract of the on-disk format (format_version 3)::
 
 manifest.json::
 
-    {"format_version": 3, "generation": g, "model": {...} | null, "dim": D,
+    {"format_version": 4, "generation": g, "model": {...} | null, "dim": D,
      "metric": "inner_product", "factory": "Flat", "count": <live items>,
      "next_id": <first unused item id>, "search_params": {"nprobe": 8},
      "filter_fields": null | ["colour", "shop.city"],
-     "dba": null | {"neighbours": 2, "alpha": 3.0},
+     "dba": null | {"neighbours": 2, "alpha": 3.0, "generation": g', "count": n,
+                    "ids": {"file": "dba.<g'>.ids.npy", "sha256": ..., "bytes": ...},
+                    "vectors": {"file": "dba.<g'>.npy", "sha256": ..., "bytes": ...}},
      "quantizer": {"file": "quantizer.<g>.faiss", "sha256": ..., "bytes": ...} | null,
      "segments": [{"number": n, "rows": r,
                    "files": {"seg.<n>.faiss": {"sha256": ..., "bytes": ...}, ...},
@@ -59,8 +63,14 @@ manifest.json::
   lock.
 - Merge (merge.py, persist.py): small segments, and segments more than 20% tombstones,
   are folded into a new segment (tombstoned items dropped), committed the same way;
-  the merged segments' files are verified before they are read. With `dba` set, the
-  merged segment gets its DBA vectors (augment.py).
+  the merged segments' files are verified before they are read.
+- DBA (augment.py): with `dba` set, every commit (save, merge) names the derived DBA
+  index of exactly the items it commits: computed again before the manifest when
+  those items differ from the current one's (ids are never reused, vectors never
+  change: equal ids, equal DBA), kept otherwise. Segments, seals and merges know
+  nothing of it. An augmented search ranks exactly against it, and is refused (a
+  StoreError saying to save) while it is missing, of other settings, or the store
+  holds unsaved adds or removes: stale DBA vectors never answer.
 - Search (search.py): every segment answers its top k, merged by score then id; a
   filter (filters.py) is evaluated per segment, each condition from its columns, its
   field index or its metadata (`filtering.leaf_ids` chooses), and searched exactly
@@ -70,17 +80,25 @@ manifest.json::
   codes; numpy's mmap for the vectors; SQLite opened read-only in place): nothing is
   read whole. The model copy, the quantizer and the tombstone lists (small) are
   verified in full. Every byte is verified by `verify()`, `open(verify=True)`, before
-  a merge reads a segment, and by the service's paced scrub; a segment that fails is
-  taken out of service.
+  a merge reads a segment, and by the service's paced scrub (segments only: the
+  derived DBA index is checked by `verify()`); a segment that fails is taken out of
+  service.
 - A crash at any moment leaves the last committed generation loadable: nothing a
   manifest lists is ever overwritten, and files it does not list are never read.
 
-Older formats open read-only (save, merge and a journalling open ask for an upgrade);
-`upgrade()` (`vitrieval-index upgrade DIR`) converts them in place. Format 2 is this
-one without the columns files: its field index answers every filter, and the upgrade
-writes the columns of its segments (every byte of a segment verified first) and
-commits format 3. Format 1 (one generation: index.<g>.faiss and items.<g>.sqlite
-holding every vector; legacy.py) is sealed into segments by the upgrade.
+`upgrade()` (`vitrieval-index upgrade DIR`) converts older formats in place. Format 2
+is format 3 without the columns files: it opens read-only (save, merge and a
+journalling open ask for the upgrade), its field index answering every filter; the
+upgrade writes the columns of its segments (every byte of a segment verified first).
+Format 3 is this one with DBA vectors inside segments (seg.<n>.dba.faiss/.npy) and
+`dba` holding the settings alone: it opens read-only the same way, those files left
+unread (an augmented search asks for the upgrade); the upgrade computes the derived
+DBA index and commits format 4 without them, removed after the commit. Format 1 (one
+generation: index.<g>.faiss and items.<g>.sqlite holding every vector) does not
+open: `open` raises a StoreError naming the upgrade. Only the upgrade reads it
+(upgrade_format1.py, which nothing the store imports for open, search or save
+imports), sealing it into segments with its journalled mutations; the manifest is
+the commit point, as for every save.
 
 GPU: with GPU FAISS and gpu="auto" (or "cuda"), searches run on GPU copies of the
 segments; the CPU files stay authoritative. gpu="cpu" never uses a GPU; gpu="cuda"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..rerank import DEFAULT_DBA_ALPHA
-from .augment import check_dba, dba_augment
+from .augment import check_dba
 from .checks import as_matrix, check_ids, checked_items
 from .errors import KeyExistsError, StoreError
 from .fields import FieldSelection, check_field_paths
@@ -117,7 +117,8 @@ class IndexStore:
         also checks every byte against the manifest's checksums (see `verify()`).
         fingerprint / dim: refuse an index built with another model or dimension.
         journal: make every later add() and remove() durable on return (a server).
-        A format-1 directory opens read-only (`vitrieval-index upgrade` converts it).
+        A format-2 directory opens read-only; a format-1 one does not open (a StoreError
+        naming `vitrieval-index upgrade DIR`, which converts both).
         """
         return open_store(
             cls,
@@ -145,7 +146,7 @@ class IndexStore:
 
     @property
     def dba(self) -> tuple[int, float] | None:
-        """(neighbours, alpha) merges compute DBA vectors with (augment.py), or None."""
+        """(neighbours, alpha) commits compute DBA vectors with (augment.py), or None."""
         return self._state.dba
 
     @property
@@ -373,9 +374,9 @@ class IndexStore:
         index holding every item would rank them. `where` (request.py `Where`):
         `filter` (the language of filters.py, as decoded JSON or parsed) and `label`
         keep only the items they allow; `exclude_keys` leaves those items out;
-        `augmented` ranks against the DBA vectors where segments have them
-        (augment.py). Or one `Query` alone. A query gets fewer than k hits when fewer
-        items match.
+        `augmented` ranks against the DBA vectors of the committed items (augment.py;
+        a StoreError while adds or removes are unsaved). Or one `Query` alone. A
+        query gets fewer than k hits when fewer items match.
         """
         return [[h for _, h in row] for row in self.ranked_search(queries, k, **where)]
 
@@ -401,10 +402,8 @@ class IndexStore:
         """Merge small segments (and rewrite those with many tombstones) into one new
         segment, off the search path; returns how many segments were merged (0: none
         was due). `everything=True` folds all sealed segments into one; `rewrite=True`
-        writes a lone clean segment anew too (to give it DBA vectors)."""
-        state, dba = self._state, self._state.dba
-        augment = None if dba is None else dba_augment(self.ranked_search, state, *dba)
-        return merge_segments(state, augment, everything=everything, rewrite=rewrite)
+        writes a lone clean segment anew too (to index the filter fields set since)."""
+        return merge_segments(self._state, everything=everything, rewrite=rewrite)
 
     def upgrade_format(self) -> None:
         """Make the next save() write this index of an older format in the current one
@@ -421,9 +420,9 @@ class IndexStore:
             self._state.set_filter_fields(FieldSelection(check_field_paths(paths)))
 
     def set_dba(self, neighbours: int | None, alpha: float = DEFAULT_DBA_ALPHA) -> None:
-        """Turn DBA on (every later merge computes the DBA vectors of what it writes,
-        with `neighbours` and `alpha`: augment.py) or off (None). Saved with the index;
-        `merge(everything=True, rewrite=True)` gives every item its DBA vector now."""
+        """Turn DBA on (every commit whose items changed computes the derived DBA index
+        of all of them, with `neighbours` and `alpha`: augment.py) or off (None). Saved
+        with the index: the next save() computes the DBA vectors of every item."""
         with self._state.lock:
             self._state.set_dba(None if neighbours is None else check_dba(neighbours, alpha))
 

@@ -17,8 +17,11 @@ def verify_store(state: StoreState) -> None:
     with state.lock:
         segments = state.sealed
         committed = state.committed
+        dba_index = state.dba_index
     for segment in segments:
         segment.verify()
+    if dba_index is not None:
+        dba_index.verify(state.directory)
     model = committed.model if committed else None
     if model and model.file and model.checksum:
         mf.verify_file(state.directory, model.file, model.checksum)

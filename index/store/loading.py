@@ -15,12 +15,12 @@ from typing import Any, Protocol, TypeVar
 
 from ..runtime.model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
+from .augment import DbaIndex
 from .errors import FolderNotEmptyError, StoreError
 from .fields import FieldSelection, check_field_paths
 from .journal import JOURNAL_FILE, JOURNAL_LOCK_FILE, Journal, JournalOwner
 from .journal_repair import row_problem, unappliable_row
 from .leases import Lease
-from .legacy import older_format_message, open_legacy
 from .persist import TUNABLE_PARAMS, committed_files
 from .segment import SealedSegment
 from .store_state import StoreState
@@ -120,9 +120,12 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
             data, directory / manifest.quantizer.name, manifest.dim, "cpu"
         ).cpu
     sealed: list[SealedSegment] = []
+    dba_index = None
     try:
         for entry in manifest.segments:
             sealed.append(SealedSegment(directory, entry, manifest.dim, gpu, manifest.factory))
+        if manifest.dba_index is not None:
+            dba_index = DbaIndex(directory, manifest.dba_index, manifest.dim)
     except BaseException:
         for segment in sealed:
             segment.close()
@@ -138,6 +141,7 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
         sealed=sealed,
         filter_fields=FieldSelection(manifest.filter_fields),
         dba=manifest.dba,
+        dba_index=dba_index,
         lease=lease,  # held while the state reads these files: a writer keeps them
     )
     for name, value in manifest.search_params.items():
@@ -244,8 +248,9 @@ def create_store(
     )
     base = mf.committed_generation(directory) if directory.is_dir() else None
     next_segment = 0
-    if base is not None:
-        # never write over a file of the index this one replaces before the commit
+    if base is not None and mf.stored_format_version(directory) != mf.UPGRADE_ONLY_FORMAT_VERSION:
+        # never write over a file of the index this one replaces before the commit (a
+        # format-1 one has no segment files)
         old = mf.read_manifest(directory)
         next_segment = max([s.number for s in old.segments] + [0]) + 1
     # rows journalled against the index this store replaces die with it at save()
@@ -298,16 +303,12 @@ def open_store(
         check_expected(manifest, directory, fingerprint, dim)
         try:
             if journal and manifest.format_version != mf.FORMAT_VERSION:
-                raise StoreError(older_format_message(directory, manifest.format_version))
-            if manifest.format_version == mf.LEGACY_FORMAT_VERSION:
-                state = open_legacy(directory, manifest, gpu)
-                store = wrap(state)
-            else:
-                state = load(directory, manifest, gpu)
-                state.opened_format(manifest.format_version)
-                store = wrap(state)
-                if verify:
-                    store.verify()
+                raise StoreError(mf.older_format_message(directory, manifest.format_version))
+            state = load(directory, manifest, gpu)
+            state.opened_format(manifest.format_version)
+            store = wrap(state)
+            if verify:
+                store.verify()
             attach_journal(store, state, create=journal)
             return store
         except StoreError:

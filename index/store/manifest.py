@@ -6,10 +6,11 @@ what commits a generation, so anything not named in it is either an older
 generation or the debris of an interrupted save, and is never read.
 
 Format 3 lists the sealed segments with their files (each with its columns file,
-columns.py) and tombstones, and the trained quantizer. Older formats are still read,
-for read-only use and for `vitrieval-index upgrade`: format 2 (the same, segments
-without columns files) and format 1 (one generation: index.<g>.faiss +
-items.<g>.sqlite).
+columns.py) and tombstones, and the trained quantizer. Format 2 (the same, segments
+without columns files) is still read, for read-only use and for `vitrieval-index
+upgrade`. Format 1 (one generation: index.<g>.faiss + items.<g>.sqlite) is not parsed
+here: reading it is refused with the upgrade command, and only the upgrade
+(upgrade_format1.py) reads it, so that the store never loads that code.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,15 +31,27 @@ from typing import Any
 from ..atomic import atomic_write_text
 from .errors import ScrubStopped, StoreError, WriterLockTimeout
 
+# the entries a manifest holds, defined apart (manifest_entries.py), named here as ever
+from .manifest_entries import FORMAT_VERSION as FORMAT_VERSION
+from .manifest_entries import METRIC as METRIC
+from .manifest_entries import DbaEntry as DbaEntry
+from .manifest_entries import FileEntry as FileEntry
+from .manifest_entries import Manifest as Manifest
+from .manifest_entries import ModelEntry as ModelEntry
+from .manifest_entries import NamedFile as NamedFile
+from .manifest_entries import SegmentEntry as SegmentEntry
+from .manifest_entries import TombstoneEntry as TombstoneEntry
+
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3
+SEGMENT_DBA_FORMAT_VERSION = 3
+"""DBA vectors inside segments (seg.<n>.dba.*): read without them, not written."""
 COLUMNLESS_FORMAT_VERSION = 2
 """Segments without columns files: read (their field index answers), not written."""
-LEGACY_FORMAT_VERSION = 1
+UPGRADE_ONLY_FORMAT_VERSION = 1
+"""Format 1: opened by `vitrieval-index upgrade` alone (upgrade_format1.py)."""
 MANIFEST = "manifest.json"
 MODEL_COPY_FILE = "model.onnx"
-METRIC = "inner_product"
 LOCK_FILE = ".lock"
 WRITER_LOCK_WAIT_S = 5.0
 """The longest a save or a merge waits for DIR/.lock before giving up (it is retried
@@ -52,21 +64,15 @@ _CHUNK = 1 << 20
 _SAVE_FILE = re.compile(
     r"model\.\d+\.onnx|quantizer\.\d+\.faiss"
     r"|seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|columns|del\.\d+\.npy|dba\.faiss|dba\.npy)"
+    r"|dba\.\d+\.(ids\.)?npy"
 )
 # Every name the store ever writes; only these are checked, read or cleaned up, so
-# anything else a user keeps in the folder is left alone.
+# anything else a user keeps in the folder is left alone. index.<g>.faiss and
+# items.<g>.sqlite are format 1's: the first save after its upgrade removes them.
 _STORE_FILE = re.compile(
     r"(index\.\d+\.faiss|items\.\d+\.sqlite|model\.onnx|" + _SAVE_FILE.pattern + ")"
 )
 _TEMP_FILE = re.compile(r"\.(manifest\.json|" + _STORE_FILE.pattern + r")\..+\.tmp")
-
-
-def index_file(generation: int) -> str:
-    return f"index.{generation}.faiss"
-
-
-def items_file(generation: int) -> str:
-    return f"items.{generation}.sqlite"
 
 
 def segment_index_file(number: int) -> str:
@@ -86,14 +92,14 @@ def segment_columns_file(number: int) -> str:
     return f"seg.{number}.columns"
 
 
-def segment_dba_index_file(number: int) -> str:
-    """Segment `number`'s DBA vectors as a FAISS index (augment.py)."""
-    return f"seg.{number}.dba.faiss"
+def dba_ids_file(generation: int) -> str:
+    """The derived DBA index of `generation`: sorted int64 ids (augment.py)."""
+    return f"dba.{generation}.ids.npy"
 
 
-def segment_dba_vectors_file(number: int) -> str:
-    """Segment `number`'s DBA vectors, float32 (rows, dim) in row order."""
-    return f"seg.{number}.dba.npy"
+def dba_vectors_file(generation: int) -> str:
+    """The derived DBA index of `generation`: float32 (n, dim) DBA vectors."""
+    return f"dba.{generation}.npy"
 
 
 def tombstone_file(number: int, generation: int) -> str:
@@ -111,158 +117,6 @@ def model_file(generation: int) -> str:
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """Checksum and size of one file of a generation."""
-
-    sha256: str
-    bytes: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "bytes": self.bytes}
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """The model the vectors came from: its fingerprint, and the copy kept beside them.
-
-    `file` is None when the store was created from a fingerprint alone (no model file).
-    """
-
-    fingerprint: str | None
-    file: str | None = None
-    checksum: FileEntry | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "fingerprint": self.fingerprint,
-            "sha256": self.checksum.sha256 if self.checksum else None,
-            "bytes": self.checksum.bytes if self.checksum else None,
-        }
-
-
-@dataclass(frozen=True)
-class NamedFile:
-    """A file of the index and its checksum (the quantizer, a tombstone list)."""
-
-    name: str
-    checksum: FileEntry
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.name, **self.checksum.to_json()}
-
-
-@dataclass(frozen=True)
-class TombstoneEntry(NamedFile):
-    count: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "count": self.count}
-
-
-@dataclass(frozen=True)
-class SegmentEntry:
-    """A sealed segment: its files (checksummed when sealed, never rewritten), its row
-    count, and the tombstones committed for it since."""
-
-    number: int
-    rows: int
-    files: dict[str, FileEntry]
-    tombstones: TombstoneEntry | None = None
-
-    @property
-    def live(self) -> int:
-        return self.rows - (self.tombstones.count if self.tombstones else 0)
-
-    def listed_files(self) -> dict[str, FileEntry]:
-        files = dict(self.files)
-        if self.tombstones:
-            files[self.tombstones.name] = self.tombstones.checksum
-        return files
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "rows": self.rows,
-            "files": {name: entry.to_json() for name, entry in self.files.items()},
-            "tombstones": self.tombstones.to_json() if self.tombstones else None,
-        }
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """One committed generation, exactly as manifest.json states it.
-
-    Formats 3 and 2: `segments`, `quantizer` (the trained empty index new segments
-    start from, for factories that train) and `next_id`; `files` is empty. Format 1:
-    `files` holds the generation's two files; the rest is empty.
-    """
-
-    generation: int
-    dim: int
-    factory: str
-    count: int
-    model: ModelEntry | None
-    created: str
-    updated: str
-    format_version: int = FORMAT_VERSION
-    segments: tuple[SegmentEntry, ...] = ()
-    quantizer: NamedFile | None = None
-    next_id: int = 0
-    search_params: dict[str, int] = field(default_factory=dict)
-    filter_fields: tuple[str, ...] | None = None  # metadata paths indexed; None: every one
-    dba: tuple[int, float] | None = None  # DBA (neighbours, alpha) merges compute; None: off
-    journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
-    files: dict[str, FileEntry] = field(default_factory=dict)
-
-    @property
-    def fingerprint(self) -> str | None:
-        return self.model.fingerprint if self.model else None
-
-    def listed_files(self) -> dict[str, FileEntry]:
-        """Every file this generation consists of (the model copy aside)."""
-        files = dict(self.files)
-        for segment in self.segments:
-            files.update(segment.listed_files())
-        if self.quantizer:
-            files[self.quantizer.name] = self.quantizer.checksum
-        return files
-
-    def to_json(self) -> dict[str, Any]:
-        if self.format_version == LEGACY_FORMAT_VERSION:
-            return {
-                "format_version": LEGACY_FORMAT_VERSION,
-                "generation": self.generation,
-                "model": self.model.to_json() if self.model else None,
-                "dim": self.dim,
-                "metric": METRIC,
-                "factory": self.factory,
-                "count": self.count,
-                "files": {name: entry.to_json() for name, entry in self.files.items()},
-                "created": self.created,
-                "updated": self.updated,
-            }
-        return {
-            "format_version": self.format_version,
-            "generation": self.generation,
-            "model": self.model.to_json() if self.model else None,
-            "dim": self.dim,
-            "metric": METRIC,
-            "factory": self.factory,
-            "count": self.count,
-            "next_id": self.next_id,
-            "search_params": dict(self.search_params),
-            "filter_fields": None if self.filter_fields is None else list(self.filter_fields),
-            "dba": None if self.dba is None else {"neighbours": self.dba[0], "alpha": self.dba[1]},
-            "journal": ({"id": self.journal[0], "upto": self.journal[1]} if self.journal else None),
-            "quantizer": self.quantizer.to_json() if self.quantizer else None,
-            "segments": [segment.to_json() for segment in self.segments],
-            "created": self.created,
-            "updated": self.updated,
-        }
 
 
 def sha256_file(path: Path, bytes_per_s: float | None = None, stop: Any = None) -> FileEntry:
@@ -284,14 +138,16 @@ def sha256_file(path: Path, bytes_per_s: float | None = None, stop: Any = None) 
     return FileEntry(digest.hexdigest(), size)
 
 
-def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path) -> Any:
+def require_field(
+    data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path
+) -> Any:
     value = data.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise StoreError(f"{where} is invalid: field {key!r} is missing or malformed")
     return value
 
 
-def _parse_entry(raw: Any, name: str, where: Path) -> FileEntry:
+def parse_file_entry(raw: Any, name: str, where: Path) -> FileEntry:
     if not (
         isinstance(raw, dict)
         and isinstance(raw.get("sha256"), str)
@@ -301,7 +157,7 @@ def _parse_entry(raw: Any, name: str, where: Path) -> FileEntry:
     return FileEntry(raw["sha256"], raw["bytes"])
 
 
-def _parse_model(raw: Any, where: Path) -> ModelEntry | None:
+def parse_model_entry(raw: Any, where: Path) -> ModelEntry | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -311,7 +167,7 @@ def _parse_model(raw: Any, where: Path) -> ModelEntry | None:
         return ModelEntry(fingerprint=raw.get("fingerprint"))
     if not (isinstance(name, str) and _STORE_FILE.fullmatch(name) and name.endswith(".onnx")):
         raise StoreError(f"{where} is invalid: unexpected model file name {name!r}")
-    return ModelEntry(raw.get("fingerprint"), name, _parse_entry(raw, name, where))
+    return ModelEntry(raw.get("fingerprint"), name, parse_file_entry(raw, name, where))
 
 
 def _parse_named(raw: Any, where: Path, pattern: re.Pattern[str]) -> NamedFile:
@@ -320,25 +176,34 @@ def _parse_named(raw: Any, where: Path, pattern: re.Pattern[str]) -> NamedFile:
     name = raw["file"]
     if not pattern.fullmatch(name):
         raise StoreError(f"{where} is invalid: unexpected file name {name!r}")
-    return NamedFile(name, _parse_entry(raw, name, where))
+    return NamedFile(name, parse_file_entry(raw, name, where))
 
 
 _SEGMENT_FILE = re.compile(
     r"seg\.\d+\.(faiss|items\.sqlite|vectors\.npy|columns|dba\.faiss|dba\.npy)"
 )
+_SEGMENT_DBA_FILE = re.compile(r"seg\.\d+\.dba\.(faiss|npy)")
 _TOMBSTONE_FILE = re.compile(r"seg\.\d+\.del\.\d+\.npy")
 _QUANTIZER_FILE = re.compile(r"quantizer\.\d+\.faiss")
+_DBA_FILE = re.compile(r"dba\.\d+\.(ids\.)?npy")
 
 
 def _parse_segment(raw: Any, where: Path, version: int) -> SegmentEntry:
     if not isinstance(raw, dict):
         raise StoreError(f"{where} is invalid: a segment entry is not an object")
-    number = _require(raw, "number", int, where)
+    number = require_field(raw, "number", int, where)
     files = {}
-    for name, entry in _require(raw, "files", dict, where).items():
+    for name, entry in require_field(raw, "files", dict, where).items():
         if not (_SEGMENT_FILE.fullmatch(name) and name.startswith(f"seg.{number}.")):
             raise StoreError(f"{where} is invalid: unexpected segment file name {name!r}")
-        files[name] = _parse_entry(entry, name, where)
+        if _SEGMENT_DBA_FILE.fullmatch(name):
+            if version > SEGMENT_DBA_FORMAT_VERSION:
+                raise StoreError(f"{where} is invalid: unexpected segment file name {name!r}")
+            # format 3's DBA vectors inside a segment: never read now (augment.py keeps
+            # a derived index instead), so left out of the entry; the first commit
+            # after the upgrade removes the files
+            continue
+        files[name] = parse_file_entry(entry, name, where)
     required = [segment_index_file(number), segment_items_file(number)]
     if version > COLUMNLESS_FORMAT_VERSION:
         required.append(segment_columns_file(number))
@@ -352,14 +217,14 @@ def _parse_segment(raw: Any, where: Path, version: int) -> SegmentEntry:
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise StoreError(f"{where} is invalid: segment {number}'s tombstone count")
         tombstones = TombstoneEntry(named.name, named.checksum, count)
-    return SegmentEntry(number, _require(raw, "rows", int, where), files, tombstones)
+    return SegmentEntry(number, require_field(raw, "rows", int, where), files, tombstones)
 
 
 def parse_manifest(data: Any, where: Path) -> Manifest:
     """Validate the JSON of a manifest; StoreError names the first problem found."""
     if not isinstance(data, dict):
         raise StoreError(f"{where} is invalid: not a JSON object")
-    version = _require(data, "format_version", int, where)
+    version = require_field(data, "format_version", int, where)
     if version > FORMAT_VERSION:
         raise StoreError(
             f"{where} has format_version {version}, newer than this vitrieval reads "
@@ -367,26 +232,18 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
         )
     if data.get("metric") != METRIC:
         raise StoreError(f"{where} has metric {data.get('metric')!r}; only {METRIC!r} is known")
-    generation = _require(data, "generation", int, where)
+    generation = require_field(data, "generation", int, where)
     common = {
         "generation": generation,
-        "dim": _require(data, "dim", int, where),
-        "factory": _require(data, "factory", str, where),
-        "count": _require(data, "count", int, where),
-        "model": _parse_model(data.get("model"), where),
+        "dim": require_field(data, "dim", int, where),
+        "factory": require_field(data, "factory", str, where),
+        "count": require_field(data, "count", int, where),
+        "model": parse_model_entry(data.get("model"), where),
         "created": str(data.get("created", "")),
         "updated": str(data.get("updated", "")),
     }
-    if version == LEGACY_FORMAT_VERSION:
-        files = {}
-        for name, raw in _require(data, "files", dict, where).items():
-            if not _STORE_FILE.fullmatch(name):
-                raise StoreError(f"{where} is invalid: unexpected file name {name!r}")
-            files[name] = _parse_entry(raw, name, where)
-        for name in (index_file(generation), items_file(generation)):
-            if name not in files:
-                raise StoreError(f"{where} is invalid: it does not list {name}")
-        return Manifest(**common, format_version=version, files=files)
+    if version == UPGRADE_ONLY_FORMAT_VERSION:
+        raise StoreError(upgrade_only_message(where.parent, version))
     raw_segments = data.get("segments")
     if not isinstance(raw_segments, list):
         raise StoreError(f"{where} is invalid: field 'segments' is missing or malformed")
@@ -408,14 +265,25 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
         and isinstance(dba.get("alpha"), int | float)
     ):
         raise StoreError(f"{where} is invalid: field 'dba' is malformed")
+    dba_index = None
+    if dba is not None and "vectors" in dba:
+        dba_index = DbaEntry(
+            int(dba["neighbours"]),
+            float(dba["alpha"]),
+            require_field(dba, "generation", int, where),
+            require_field(dba, "count", int, where),
+            _parse_named(dba.get("ids"), where, _DBA_FILE),
+            _parse_named(dba.get("vectors"), where, _DBA_FILE),
+        )
     return Manifest(
         **common,
         format_version=version,
         dba=None if dba is None else (int(dba["neighbours"]), float(dba["alpha"])),
+        dba_index=dba_index,
         filter_fields=None if filter_fields is None else tuple(filter_fields),
         segments=tuple(_parse_segment(raw, where, version) for raw in raw_segments),
         quantizer=None if quantizer is None else _parse_named(quantizer, where, _QUANTIZER_FILE),
-        next_id=_require(data, "next_id", int, where),
+        next_id=require_field(data, "next_id", int, where),
         search_params={str(k): int(v) for k, v in params.items()},
         journal=_parse_journal(data.get("journal"), where),
     )
@@ -434,8 +302,26 @@ def _parse_journal(raw: Any, where: Path) -> tuple[int, int] | None:
     return raw["id"], raw["upto"]
 
 
-def read_manifest(directory: Path) -> Manifest:
-    """Load and validate DIR/manifest.json; a missing or unreadable one is a StoreError."""
+def older_format_message(directory: Path, version: int) -> str:
+    """Why an index of format 2 (segments without columns files) is not written: what
+    a save, a merge and a journalling open say."""
+    return (
+        f"{directory} is an index of format {version}, which this vitrieval reads but "
+        f"does not write: convert it with `vitrieval-index upgrade {directory}`"
+    )
+
+
+def upgrade_only_message(directory: Path, version: int) -> str:
+    """Why an index of format 1 does not open: only the upgrade reads it."""
+    return (
+        f"{directory} is an index of format {version}, which this vitrieval does not "
+        f"open: convert it with `vitrieval-index upgrade {directory}`"
+    )
+
+
+def read_manifest_json(directory: Path) -> Any:
+    """DIR/manifest.json as JSON, unvalidated; a missing or unreadable one is a
+    StoreError."""
     path = directory / MANIFEST
     if not directory.is_dir():
         raise StoreError(f"no index at {directory}: the folder does not exist")
@@ -449,7 +335,24 @@ def read_manifest(directory: Path) -> Manifest:
         data = json.loads(text)
     except ValueError:
         raise StoreError(f"{path} is not valid JSON (damaged or not an index manifest)") from None
-    return parse_manifest(data, path)
+    return data
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """Load and validate DIR/manifest.json; a missing or unreadable one, or one of
+    format 1, is a StoreError."""
+    return parse_manifest(read_manifest_json(directory), directory / MANIFEST)
+
+
+def stored_format_version(directory: Path) -> int | None:
+    """The format_version DIR/manifest.json states (None: none readable); the upgrade
+    picks its converter by it, before anything is parsed."""
+    try:
+        data = read_manifest_json(directory)
+    except StoreError:
+        return None
+    version = data.get("format_version") if isinstance(data, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
 def committed_generation(directory: Path) -> int | None:
@@ -458,9 +361,12 @@ def committed_generation(directory: Path) -> int | None:
     Lenient on purpose: used only to detect another writer, never to load.
     """
     try:
-        return read_manifest(directory).generation
+        data = read_manifest_json(directory)
     except StoreError:
         return None
+    # read, not parsed: a format-1 manifest the upgrade replaces counts as well
+    generation = data.get("generation") if isinstance(data, dict) else None
+    return generation if isinstance(generation, int) and not isinstance(generation, bool) else None
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:

@@ -4,8 +4,8 @@ A FAISS index of the store's factory (cloned from the trained quantizer for IVF/
 plus an in-memory SQLite item table that keeps each exact vector, so the segment can
 be written out (sealed) or rebuilt without touching the sealed segments. New adds
 always land here; the write-ahead journal (journal.py) makes them durable until the
-next save seals the segment. A format-1 index opened read-only is also loaded into
-one of these (legacy.py).
+next save seals the segment. The upgrade of a format-1 index loads it into one of
+these (upgrade_format1.py).
 
 Removal: layouts that can remove vectors remove them; others (HNSW) keep tombstones
 (rows marked deleted) that searches skip and sealing leaves out.
@@ -116,18 +116,15 @@ class MemorySegment:
         """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds."""
         return self.items.filter_ids(leaf)
 
-    def exact_vectors(
-        self, ids: np.ndarray, augmented: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
-        (a growing segment has no DBA set: `augmented` reads the plain vectors)."""
+    def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
         return self.items.vectors_of(ids, self.vectors.cpu.d)
 
     def dead_ids(self) -> np.ndarray:
         return np.fromiter(sorted(self.tombstones), dtype=np.int64, count=len(self.tombstones))
 
-    def searched(self, augmented: bool = False) -> VectorIndex:
-        """The FAISS index a search ranks with (no DBA set here: `augmented` or not)."""
+    def searched(self) -> VectorIndex:
+        """The FAISS index a search ranks with."""
         return self.vectors
 
     def keys_by_id(self) -> list[tuple[int, str]]:

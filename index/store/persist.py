@@ -7,6 +7,11 @@ manifest.json, the commit point. `StoreState.commit_lock` keeps saves and merges
 from interleaving; the folder's writer lock and the generation check keep other
 processes out. A crash anywhere before the manifest is replaced leaves the previous
 commit loadable; the files written meanwhile are debris, removed by the next commit.
+
+With DBA on, every commit also names the derived DBA index of the items it commits
+(augment.py): computed again under the lock just before the manifest when those
+items changed, kept otherwise. Its files are written before the manifest like every
+other, so a crash between the two leaves the previous generation and its own.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ import numpy as np
 
 from ..atomic import atomic_path
 from . import manifest as mf
+from .augment import DbaIndex, compute_and_write, live_ids
 from .errors import StoreError
 from .journal import JournalOwner
 from .leases import Lease, leased_files
-from .legacy import older_format_message
 from .memory_segment import MemorySegment
 from .merge import pick_merge
-from .segment import Augment, SealedSegment, write_segment, write_tombstones
+from .segment import SealedSegment, write_segment, write_tombstones
 from .store_state import StoreState
 
 TUNABLE_PARAMS = ("nprobe", "efSearch")
@@ -40,7 +45,7 @@ def save(state: StoreState) -> bool:
     with state.commit_lock:
         with state.lock:
             if not state.writable:
-                raise StoreError(older_format_message(state.directory, state.format_version))
+                raise StoreError(mf.older_format_message(state.directory, state.format_version))
             if not state.unsaved_changes:
                 return False
             state.directory.mkdir(parents=True, exist_ok=True)
@@ -82,14 +87,12 @@ def save(state: StoreState) -> bool:
     return True
 
 
-def merge(
-    state: StoreState, augment: Augment | None, *, everything: bool = False, rewrite: bool = False
-) -> int:
-    """`IndexStore.merge`; `augment` computes the DBA vectors of what it writes."""
+def merge(state: StoreState, *, everything: bool = False, rewrite: bool = False) -> int:
+    """`IndexStore.merge`."""
     with state.commit_lock:
         with state.lock:
             if not state.writable:
-                raise StoreError(older_format_message(state.directory, state.format_version))
+                raise StoreError(mf.older_format_message(state.directory, state.format_version))
             if not state.owns_journal:
                 JournalOwner.check_free(state.directory)  # a server owns this index
             healthy = state.healthy_sealed()
@@ -121,7 +124,6 @@ def merge(
                 rows,
                 factory=state.factory,
                 fields=state.filter_fields,
-                augment=augment,
             )
             with state.lock:
                 late = set().union(*(s.tombstones - dead[s.number] for s in chosen))
@@ -185,6 +187,7 @@ def _commit(
     """Replace manifest.json with the store's sealed segments as committed now;
     `journal`: (journal id, last journal row the commit holds)."""
     entries = tuple(s.entry for s in state.sealed)
+    dba_index = _derived_dba(state, generation)
     manifest = mf.Manifest(
         generation=generation,
         dim=state.dim,
@@ -200,18 +203,44 @@ def _commit(
         filter_fields=state.filter_fields.paths_tuple(),
         format_version=mf.FORMAT_VERSION,
         dba=state.dba,
+        dba_index=dba_index.entry if dba_index else None,
         journal=journal,
     )
-    mf.write_manifest(state.directory, manifest)
+    try:
+        mf.write_manifest(state.directory, manifest)
+    except BaseException:
+        if dba_index is not None and dba_index is not state.dba_index:
+            dba_index.close()
+        raise
     keep = committed_files(manifest)
     # this store reads the new generation from now on: its lease follows it
-    state.record_commit(manifest, Lease.take(state.directory, generation, keep))
+    state.record_commit(manifest, Lease.take(state.directory, generation, keep), dba_index)
     leased = leased_files(state.directory)
     if leased is None:  # a live reader's lease could not be read: delete nothing now
         logger.warning("%s: a reader lease is unreadable; stale files kept", state.directory)
         return
     removed = mf.remove_stale(state.directory, keep | leased)
     logger.debug("committed generation %d; removed %s", generation, removed)
+
+
+def _derived_dba(state: StoreState, generation: int) -> DbaIndex | None:
+    """The derived DBA index of the items this commit holds (None: DBA off): the
+    current one when it holds exactly those items with these settings (ids are never
+    reused, vectors never change), else computed and written now, uncommitted."""
+    if state.dba is None:
+        return None
+    current = state.dba_index
+    if (
+        current is not None
+        and current.settings == state.dba
+        and np.array_equal(current.ids, live_ids(state.committed_live()))
+    ):
+        return current
+    entry = compute_and_write(
+        state.directory, generation, state.dba, state.committed_live(), state.dim
+    )
+    logger.info("computed the DBA vectors of %d item(s) in %s", entry.count, state.directory)
+    return DbaIndex(state.directory, entry, state.dim)
 
 
 def committed_files(manifest: mf.Manifest) -> set[str]:

@@ -21,7 +21,6 @@ def store_info(state: StoreState) -> dict[str, Any]:
                 "rows": s.ntotal,
                 "live": s.live_count,
                 "deleted": len(s.tombstones),
-                **({"dba": True} if s.dba else {}),
                 **({"damaged": s.damaged} if s.damaged else {}),
             }
             for s in state.sealed
@@ -45,7 +44,7 @@ def store_info(state: StoreState) -> dict[str, Any]:
             else {
                 "neighbours": state.dba[0],
                 "alpha": state.dba[1],
-                "live_items_with_dba": sum(s.live_count for s in state.sealed if s.dba),
+                "live_items_with_dba": state.dba_index.entry.count if state.dba_index else 0,
             },
             "gpu": state.growing.vectors.gpu_in_use,
             "segments": segments,

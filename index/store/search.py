@@ -44,6 +44,8 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
         )
     q = as_matrix(query.vectors, state.dim, "queries")
     flt = query.where.allowed
+    if augmented:
+        return _augmented_search(state, q, int(k), flt, exclude_keys)
     merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
     with state.lock:
         excluded = state.locate(list(exclude_keys)) if exclude_keys else []
@@ -52,7 +54,7 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
                 continue
             blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
             blocked_ids = np.asarray(sorted(blocked), np.int64)
-            pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids, augmented)
+            pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids)
             for row, found in zip(merged, pairs, strict=True):
                 row.extend((score, item, segment) for item, score in found)
         results = []
@@ -64,6 +66,71 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
                 described.update(segment.describe([i for _, i, s in top if s is segment]))
             results.append([(i, hit(described[i], score)) for score, i, _ in top])
     return results
+
+
+def _augmented_search(
+    state: StoreState, q: np.ndarray, k: int, flt: Filter | None, exclude_keys: Any
+) -> Ranked:
+    """A search against the derived DBA index (augment.py), which holds the committed
+    items: refused when it is missing, of other settings, or the items changed since
+    the commit, rather than answering from vectors that are not those items' DBA."""
+    with state.lock:
+        dba = state.dba_index
+        where = state.directory
+        if dba is None or dba.settings != state.dba:
+            fix = (
+                "save the index to compute them"
+                if state.writable
+                else f"convert it with `vitrieval-index upgrade {where}`, which computes them"
+            )
+            raise StoreError(
+                f"{where} has no DBA vectors for its settings yet: {fix}",
+                public="this index has no DBA vectors for its settings yet",
+            )
+        if state.items_uncommitted():
+            raise StoreError(
+                f"{where} has unsaved adds or removes its DBA vectors do not cover yet: "
+                "save the index to compute them again",
+                public="this index has unsaved adds or removes its DBA vectors do not "
+                "cover yet: save it first",
+            )
+        segments = state.serving()
+        damaged = state.damaged_segments()
+        if damaged:
+            # the DBA vectors hold those items, which no segment can describe now
+            raise StoreError(
+                f"{where}: segment {damaged[0][0]} is out of service ({damaged[0][1]}), so "
+                "its items' DBA vectors are not searched: restore the index or search "
+                "without augmented",
+                public="part of this index is out of service: search without augmented",
+            )
+        excluded = state.locate(list(exclude_keys)) if exclude_keys else []
+        blocked = np.asarray(sorted(i for _, ids in excluded for i in ids.values()), np.int64)
+        allowed = None
+        if flt is not None:
+            # the filter over the whole index: each condition's ids from every segment
+            found = filtering.evaluate(
+                flt, lambda leaf: _union([s.filter_ids(leaf) for s in segments])
+            )
+            if found.negated:
+                blocked = filtering.union(blocked, found.ids)
+            else:
+                allowed = found.ids
+        pairs = dba.top_k(q, k, allowed, blocked)
+        results = []
+        for row in pairs:
+            described: dict[int, Any] = {}
+            for segment in segments:
+                described.update(segment.describe([i for i, _ in row]))
+            results.append([(i, hit(described[i], score)) for i, score in row])
+    return results
+
+
+def _union(parts: list[np.ndarray]) -> np.ndarray:
+    found = np.empty(0, np.int64)
+    for part in parts:
+        found = filtering.union(found, part)
+    return found
 
 
 def allowed_in(segment: Segment, flt: Filter) -> filtering.IdSet:
@@ -79,9 +146,8 @@ def _segment_top_k(
     k: int,
     flt: Filter | None,
     blocked: np.ndarray,
-    augmented: bool,
 ) -> list[list[tuple[int, float]]]:
-    index = segment.searched(augmented)
+    index = segment.searched()
     dead = segment.dead_ids()
     blocked = filtering.union(blocked, dead) if dead.size else blocked
     if flt is None:
@@ -101,7 +167,7 @@ def _segment_top_k(
     if segment.vectors.exact:
         exact_max = min(exact_max, filtering.EXACT_SEARCH_MAX_FLAT)
     if ids.size <= exact_max:
-        found, vectors = segment.exact_vectors(ids, augmented)
+        found, vectors = segment.exact_vectors(ids)
         return exact_top_k(q, found, vectors, k)
     widen = _widening(segment, q, k, filtering.IdSet(ids, False), ids.size)
     return index.top_k(q, k, allowed=ids, blocked=blocked, widen=widen)

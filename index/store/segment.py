@@ -30,7 +30,7 @@ import io
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +107,6 @@ class SealedSegment:
         self.columns = cl.read_columns(directory / columns) if has_columns else cl.NO_COLUMNS
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
-        # the DBA vector set (augment.py), when a merge computed one: (index, raw)
-        self.dba: tuple[VectorIndex, np.ndarray] | None = None
-        if mf.segment_dba_index_file(self.number) in entry.files:
-            dba = VectorIndex(self._read_faiss(mf.segment_dba_index_file(self.number)), gpu)
-            raw = self._open_vectors(factory, dba, mf.segment_dba_vectors_file(self.number))
-            self.dba = (dba, raw)
         self.committed_tombstones = self._read_tombstones()
         self.pending_tombstones: set[int] = set()
         self.live_count = entry.rows - len(self.committed_tombstones)
@@ -294,22 +288,9 @@ class SealedSegment:
         self._identity = {**self._identity, name: file_identity(self.directory / name)}
         self.columns = cl.read_columns(self.directory / name)
 
-    def _view(self, augmented: bool) -> tuple[VectorIndex, np.ndarray]:
-        """The vector set searched: the DBA one when asked for and present."""
-        if augmented and self.dba is not None:
-            index, raw = self.dba
-            for name, value in self.vectors.search_settings().items():
-                if name != "nlist" and index.search_settings().get(name) != value:
-                    index.set_parameter(name, value)  # follows the segment's nprobe
-            return index, raw
-        return self.vectors, self._raw
-
-    def exact_vectors(
-        self, ids: np.ndarray, augmented: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
-        (their DBA vectors with `augmented`, where the segment has them)."""
-        raw = self._view(augmented)[1]
+    def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
+        raw = self._raw
         if self._row_ids is None:
             # rows are in id order: an item's row is its id's rank (8 bytes a row, once)
             rows = self._db.execute("SELECT id FROM items ORDER BY row")
@@ -322,9 +303,9 @@ class SealedSegment:
         dead = self.tombstones
         return np.fromiter(sorted(dead), dtype=np.int64, count=len(dead))
 
-    def searched(self, augmented: bool = False) -> VectorIndex:
-        """The FAISS index a search ranks with (the DBA set's with `augmented`)."""
-        return self._view(augmented)[0]
+    def searched(self) -> VectorIndex:
+        """The FAISS index a search ranks with."""
+        return self.vectors
 
     def keys_by_id(self) -> list[tuple[int, str]]:
         dead = self.tombstones
@@ -414,7 +395,6 @@ def write_segment(
     factory: str,
     fields: fx.FieldSelection,
     prebuilt: faiss.Index | None = None,
-    augment: Augment | None = None,
 ) -> mf.SegmentEntry:
     """Write sealed segment `number` from `batches` of (rows, float32 (b, dim) vectors)
     in id order, `rows` in all; durably (temp file, fsync, rename) and checksummed.
@@ -424,8 +404,6 @@ def write_segment(
     these vectors under these ids (a growing segment without tombstones), written as is.
     `fields`: the metadata paths the segment's field index covers (fields.py), and
     its columns file (columns.py) holds.
-    `augment`, when given, maps a batch's (ids, vectors) to their DBA vectors, which
-    are written as the segment's second vector set (augment.py).
     """
     dim = template.d
     index = prebuilt if prebuilt is not None else faiss.clone_index(template)
@@ -477,84 +455,12 @@ def write_segment(
         if written != rows or index.ntotal != rows:
             raise StoreError(f"segment {number}: {written} rows written, {rows} expected")
         faiss.write_index(index, str(index_tmp))
-        if augment is not None:
-            batches_back = _segment_batches(items_tmp, vectors_tmp, index)
-            files.update(_write_dba(directory, number, template, augment, batches_back, rows))
         files[items_name] = mf.sha256_file(items_tmp)
         files[index_name] = mf.sha256_file(index_tmp)
         files[columns_name] = mf.sha256_file(columns_tmp)
         if vectors_tmp is not None:
             files[vectors_name] = mf.sha256_file(vectors_tmp)
     return mf.SegmentEntry(number=number, rows=rows, files=files, tombstones=None)
-
-
-Augment = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""(ids int64 (b,), vectors float32 (b, dim)) -> DBA vectors float32 (b, dim)."""
-
-
-def _write_dba(
-    directory: Path,
-    number: int,
-    template: faiss.Index,
-    augment: Augment,
-    batches: Iterable[tuple[int, np.ndarray, np.ndarray]],
-    rows: int,
-) -> dict[str, mf.FileEntry]:
-    """Write segment `number`'s DBA vector set from `batches` of its rows (first row,
-    ids, vectors): their DBA vectors as a FAISS index of the store's factory and, when
-    that index does not keep them addressable (all but flat), a vectors file."""
-    dim = template.d
-    dba = faiss.clone_index(template)
-    index_name = mf.segment_dba_index_file(number)
-    vectors_name = mf.segment_dba_vectors_file(number)
-    keep_vectors = not isinstance(core_index(dba), faiss.IndexFlat)
-    files: dict[str, mf.FileEntry] = {}
-    with contextlib.ExitStack() as stack:
-        index_tmp = stack.enter_context(atomic_path(directory / index_name))
-        vectors_tmp = (
-            stack.enter_context(atomic_path(directory / vectors_name)) if keep_vectors else None
-        )
-        raw = (
-            np.lib.format.open_memmap(vectors_tmp, mode="w+", dtype="<f4", shape=(rows, dim))
-            if vectors_tmp is not None
-            else None
-        )
-        try:
-            for start, ids, vectors in batches:
-                augmented = np.ascontiguousarray(augment(ids, vectors), dtype=np.float32)
-                dba.add_with_ids(augmented, ids)
-                if raw is not None:
-                    raw[start : start + len(ids)] = augmented
-        finally:
-            if raw is not None:
-                raw.flush()
-                del raw
-        faiss.write_index(dba, str(index_tmp))
-        files[index_name] = mf.sha256_file(index_tmp)
-        if vectors_tmp is not None:
-            files[vectors_name] = mf.sha256_file(vectors_tmp)
-    return files
-
-
-def _segment_batches(
-    items: Path, vectors: Path | None, index: faiss.Index, batch: int = 8192
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(first row, ids, float32 vectors) of a segment being written, in row order, read
-    back from its files: the item table, and the vectors file or the flat index."""
-    db = sqlite3.connect(items)
-    try:
-        rows = db.execute("SELECT id FROM items ORDER BY row")
-        ids = np.fromiter((i for (i,) in rows), dtype=np.int64)
-    finally:
-        db.close()
-    if vectors is None:
-        core = core_index(index)
-        raw = faiss.rev_swig_ptr(core.get_xb(), core.ntotal * core.d).reshape(core.ntotal, core.d)
-    else:
-        raw = np.load(vectors, mmap_mode="r")
-    for start in range(0, len(ids), batch):
-        chunk = ids[start : start + batch]
-        yield start, chunk, np.asarray(raw[start : start + len(chunk)], dtype=np.float32)
 
 
 def write_tombstones(

@@ -67,19 +67,17 @@ class Segment(Protocol):
         """Sorted int64 (m,) ids of the items (tombstoned ones too) where `leaf` holds."""
         ...
 
-    def exact_vectors(
-        self, ids: np.ndarray, augmented: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(int64 (m,) ids, float32 (m, dim) stored vectors) of the items among `ids` it
-        holds (DBA vectors with `augmented`, where it has them)."""
+        holds."""
         ...
 
     def dead_ids(self) -> np.ndarray:
         """Sorted int64 (t,) tombstoned ids."""
         ...
 
-    def searched(self, augmented: bool = False) -> VectorIndex:
-        """The FAISS index a search ranks with (the DBA set's with `augmented`)."""
+    def searched(self) -> VectorIndex:
+        """The FAISS index a search ranks with."""
         ...
 
     def keys_by_id(self) -> list[tuple[int, str]]:

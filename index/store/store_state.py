@@ -25,6 +25,7 @@ import faiss
 import numpy as np
 
 from . import manifest as mf
+from .augment import DbaIndex
 from .damage import changed_on_disk, with_damaged
 from .errors import DamagedIndexError
 from .fields import FieldSelection
@@ -53,16 +54,17 @@ class StoreState:
         committed: mf.Manifest | None,
         sealed: list[SealedSegment] | None = None,
         growing: MemorySegment | None = None,
-        legacy: bool = False,
         filter_fields: FieldSelection | None = None,
         dba: tuple[int, float] | None = None,
+        dba_index: DbaIndex | None = None,
         lease: Lease | None = None,
     ) -> None:
         self.directory = directory
         self.dim = dim
         self.factory = factory
         self.gpu = gpu
-        self.dba = dba  # (neighbours, alpha) merges compute DBA vectors with (augment.py)
+        self.dba = dba  # (neighbours, alpha) commits compute DBA vectors with (augment.py)
+        self.dba_index = dba_index  # the committed derived DBA index, when there is one
         # the metadata paths new segments index for filters (fields.py)
         self.filter_fields = filter_fields or FieldSelection(None)
         self._template = template  # empty (trained) index new segments start from
@@ -70,7 +72,7 @@ class StoreState:
         self._committed = committed
         self._base_generation = committed.generation if committed else None
         # the format of the index as opened: an older one is read, not written (upgrade)
-        self._format = mf.LEGACY_FORMAT_VERSION if legacy else mf.FORMAT_VERSION
+        self._format = mf.FORMAT_VERSION
         self._model_source: Path | None = None  # a model still to copy in at save
         self._sealed: list[SealedSegment] = sealed or []
         self._sealing: list[MemorySegment] = []  # frozen growing segments being written
@@ -126,18 +128,14 @@ class StoreState:
         return self._created
 
     @property
-    def legacy(self) -> bool:
-        """A format-1 index: read-only until upgraded."""
-        return self._format == mf.LEGACY_FORMAT_VERSION
-
-    @property
     def writable(self) -> bool:
         """Whether the index is of the format this vitrieval writes (older formats are
         read-only until `vitrieval-index upgrade`)."""
         return self._format == mf.FORMAT_VERSION
 
     def opened_format(self, version: int) -> None:
-        """The index was opened from a manifest of format `version` (loading.py)."""
+        """The index was opened from a manifest of format `version` (loading.py; format
+        1: upgrade_format1.py)."""
         self._format = version
 
     @property
@@ -303,7 +301,7 @@ class StoreState:
         self.changed(params=True)
 
     def set_dba(self, dba: tuple[int, float] | None) -> None:
-        """The (neighbours, alpha) later merges compute DBA vectors with, or None."""
+        """The (neighbours, alpha) the next commits compute DBA vectors with, or None."""
         self.dba = dba
         self.changed(params=True)
 
@@ -340,7 +338,7 @@ class StoreState:
             raise
         self._journal_pending += len(keys)
 
-    # -- opening and creating (loading.py, legacy.py, upgrade.py) -------------------------
+    # -- opening and creating (loading.py, upgrade.py, upgrade_format1.py) -------------------------
 
     def replacing(
         self,
@@ -381,12 +379,15 @@ class StoreState:
 
     def upgrade_format(self) -> None:
         """Make the next save write this index in the current format: a format-1 index
-        is sealed anew; a format-2 one has its segments' columns files written now."""
+        (its in-memory segment, upgrade_format1.py) is sealed anew; a format-2 one has
+        its segments' columns files written now; with DBA on, the save writes the
+        derived DBA index (format 3 kept DBA vectors in segments, left behind)."""
         if self._format == mf.COLUMNLESS_FORMAT_VERSION:
             for segment in self._sealed:
                 segment.write_columns()
-        else:
+        elif self._format == mf.UPGRADE_ONLY_FORMAT_VERSION:
             self._quantizer_dirty = self._trainable
+        # every older format: the save computes the derived DBA index (augment.py)
         self._format = mf.FORMAT_VERSION
         self._dirty = True
 
@@ -438,11 +439,33 @@ class StoreState:
         rest = [s for s in self._sealed if s not in chosen]
         self._sealed = [*rest[:first], merged, *rest[first:]]
 
-    def record_commit(self, manifest: mf.Manifest, lease: Lease | None) -> None:
-        """`manifest` is the committed generation now; this store reads it under
-        `lease` (the previous lease is released)."""
+    def items_uncommitted(self) -> bool:
+        """Whether the live items differ from the last commit's (adds or removes not
+        saved yet): the derived DBA index covers the committed ones only."""
+        return bool(
+            self._growing.live_count
+            or any(s.live_count for s in self._sealing)
+            or any(s.pending_tombstones for s in self._sealed)
+        )
+
+    def committed_live(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, float32 vectors) of the items the sealed segments commit (their
+        committed tombstones left out), in batches: what the derived DBA index holds."""
+        for segment in self._sealed:
+            dead = set(segment.committed_tombstones)
+            for rows, vectors in segment.live_rows(dead=dead):
+                yield np.fromiter((r[0] for r in rows), np.int64, len(rows)), vectors
+
+    def record_commit(
+        self, manifest: mf.Manifest, lease: Lease | None, dba_index: DbaIndex | None
+    ) -> None:
+        """`manifest` is the committed generation now, `dba_index` its derived DBA
+        index; this store reads it under `lease` (the previous lease is released)."""
         self._committed, self._base_generation = manifest, manifest.generation
         self._model = manifest.model
+        if self.dba_index is not None and self.dba_index is not dba_index:
+            self.dba_index.close()
+        self.dba_index = dba_index
         old, self._lease = self._lease, lease
         if old is not None:
             old.release()
@@ -470,6 +493,8 @@ class StoreState:
             for segment in [*self.segments(), *self._retired]:
                 segment.close()
             self.detach_journal()
+            if self.dba_index is not None:
+                self.dba_index.close()
             if self._journal_owner is not None:
                 self._journal_owner.release()
                 self._journal_owner = None

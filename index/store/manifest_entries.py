@@ -1,0 +1,184 @@
+"""The entries of manifest.json (manifest.py), as frozen dataclasses: one committed
+generation (`Manifest`) and the files it names with their checksums.
+
+Kept apart from the parsing, checking and writing in manifest.py, which names every
+one of them too (`mf.Manifest`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT_VERSION = 4
+METRIC = "inner_product"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """Checksum and size of one file of a generation."""
+
+    sha256: str
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """The model the vectors came from: its fingerprint, and the copy kept beside them.
+
+    `file` is None when the store was created from a fingerprint alone (no model file).
+    """
+
+    fingerprint: str | None
+    file: str | None = None
+    checksum: FileEntry | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "fingerprint": self.fingerprint,
+            "sha256": self.checksum.sha256 if self.checksum else None,
+            "bytes": self.checksum.bytes if self.checksum else None,
+        }
+
+
+@dataclass(frozen=True)
+class NamedFile:
+    """A file of the index and its checksum (the quantizer, a tombstone list)."""
+
+    name: str
+    checksum: FileEntry
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.name, **self.checksum.to_json()}
+
+
+@dataclass(frozen=True)
+class TombstoneEntry(NamedFile):
+    count: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "count": self.count}
+
+
+@dataclass(frozen=True)
+class SegmentEntry:
+    """A sealed segment: its files (checksummed when sealed, never rewritten), its row
+    count, and the tombstones committed for it since."""
+
+    number: int
+    rows: int
+    files: dict[str, FileEntry]
+    tombstones: TombstoneEntry | None = None
+
+    @property
+    def live(self) -> int:
+        return self.rows - (self.tombstones.count if self.tombstones else 0)
+
+    def listed_files(self) -> dict[str, FileEntry]:
+        files = dict(self.files)
+        if self.tombstones:
+            files[self.tombstones.name] = self.tombstones.checksum
+        return files
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "rows": self.rows,
+            "files": {name: entry.to_json() for name, entry in self.files.items()},
+            "tombstones": self.tombstones.to_json() if self.tombstones else None,
+        }
+
+
+@dataclass(frozen=True)
+class DbaEntry:
+    """The derived DBA index (augment.py): its settings, the generation it was computed
+    at, how many items it holds, and its two files."""
+
+    neighbours: int
+    alpha: float
+    generation: int
+    count: int
+    ids: NamedFile
+    vectors: NamedFile
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "neighbours": self.neighbours,
+            "alpha": self.alpha,
+            "generation": self.generation,
+            "count": self.count,
+            "ids": self.ids.to_json(),
+            "vectors": self.vectors.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One committed generation, exactly as manifest.json states it.
+
+    `segments`, `quantizer` (the trained empty index new segments start from, for
+    factories that train) and `next_id`. The upgrade of format 1 (upgrade_format1.py)
+    states its generation as one of these without segments.
+    """
+
+    generation: int
+    dim: int
+    factory: str
+    count: int
+    model: ModelEntry | None
+    created: str
+    updated: str
+    format_version: int = FORMAT_VERSION
+    segments: tuple[SegmentEntry, ...] = ()
+    quantizer: NamedFile | None = None
+    next_id: int = 0
+    search_params: dict[str, int] = field(default_factory=dict)
+    filter_fields: tuple[str, ...] | None = None  # metadata paths indexed; None: every one
+    dba: tuple[int, float] | None = None  # DBA (neighbours, alpha) commits compute; None: off
+    dba_index: DbaEntry | None = None  # the derived DBA index (format 4; augment.py)
+    journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.model.fingerprint if self.model else None
+
+    def listed_files(self) -> dict[str, FileEntry]:
+        """Every file this generation consists of (the model copy aside)."""
+        files: dict[str, FileEntry] = {}
+        for segment in self.segments:
+            files.update(segment.listed_files())
+        if self.quantizer:
+            files[self.quantizer.name] = self.quantizer.checksum
+        if self.dba_index:
+            for named in (self.dba_index.ids, self.dba_index.vectors):
+                files[named.name] = named.checksum
+        return files
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "generation": self.generation,
+            "model": self.model.to_json() if self.model else None,
+            "dim": self.dim,
+            "metric": METRIC,
+            "factory": self.factory,
+            "count": self.count,
+            "next_id": self.next_id,
+            "search_params": dict(self.search_params),
+            "filter_fields": None if self.filter_fields is None else list(self.filter_fields),
+            "dba": self._dba_json(),
+            "journal": ({"id": self.journal[0], "upto": self.journal[1]} if self.journal else None),
+            "quantizer": self.quantizer.to_json() if self.quantizer else None,
+            "segments": [segment.to_json() for segment in self.segments],
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+    def _dba_json(self) -> dict[str, Any] | None:
+        if self.dba_index is not None:
+            return self.dba_index.to_json()
+        return None if self.dba is None else {"neighbours": self.dba[0], "alpha": self.dba[1]}
