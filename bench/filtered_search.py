@@ -31,7 +31,7 @@ measured per factory:
 
 - allowed: the items the filter allows (the mean over the queries where the filter
   follows the query); plan: how the store searches the segment, read
-  from the allowed count as index/store/search.py decides it: "exact" (at most
+  from the allowed count as index/store/_search.py decides it: "exact" (at most
   `filtering.EXACT_SEARCH_MAX` items: brute force over their stored vectors),
   "selector" (the FAISS search with an ID selector, IVF nprobe widened by 1/s up to
   nlist), "selector-not" (a negated set: the plain search with the excluded items
@@ -80,10 +80,11 @@ import faiss
 import numpy as np
 from machine import cpu_model, git, load_average  # bench/machine.py (scripts run from bench/)
 
-from index.store import IndexStore, filtering
+from index.store import IndexStore
+from index.store import _filter_plans as filtering
+from index.store._search import allowed_in
+from index.store._vectors import capped
 from index.store.filters import parse_filter
-from index.store.search import allowed_in
-from index.store.vectors import capped
 
 K = 10
 SEED = 20240611

@@ -3,7 +3,7 @@
 An index of N items (default 200,000; 8-d Flat vectors, as only the metadata is
 measured) with the metadata {"price": a float in [0, 1000)} is built once in a
 temporary folder and saved as one sealed segment, whose columns file the save writes
-(index/store/columns.py). Then, side by side:
+(index/store/_columns.py). Then, side by side:
 
 - the columns file's write (`columns.write_columns`: the path's rows read from the
   field index into id and value arrays, written to a file), what the save spent on
@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import cpu_model, git, load_average
-from index.filters import parse_filter
 from index.store import IndexStore
-from index.store import fields as fx
-from index.store.columns import write_columns
+from index.store import _field_index as fx
+from index.store._columns import write_columns
+from index.store.filters import parse_filter
 
 SHARES = (0.01, 0.1, 0.5, 1.0)
 

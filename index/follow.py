@@ -5,7 +5,7 @@ and answers from it; every `FOLLOW_POLL_S` it looks at the index's manifest file
 (mtime, size, inode: a stat each) and, when a writer has committed since, opens the
 new generation and answers from that. Calls in flight finish on the store they
 started on; the old store is closed when its last call ends. Each open store holds a
-reader lease on its files (index/store/leases.py), so the writer's commits and merges
+reader lease on its files (index/store/_leases.py), so the writer's commits and merges
 never delete what a reader still answers from, however many there are meanwhile.
 """
 

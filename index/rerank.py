@@ -22,7 +22,7 @@ neighbours most. A neighbour slot left empty (fewer than n neighbours) adds noth
 Neighbours here are exact: inner products over the whole gallery, ranked by
 descending score and, for exactly equal scores, ascending gallery index (the tie rule
 of `index.evaluation.metrics`), a bounded number of query rows at a time
-(`exact_neighbours`). The store (index/store/augment.py) computes its DBA vector set
+(`exact_neighbours`). The store (index/store/_dba.py) computes its DBA vector set
 with its own search and `expand_queries`; `vitrieval-index bench --rerank` uses the
 functions below (`rerank_vectors`, `leave_one_out_metrics`).
 """
@@ -49,7 +49,7 @@ queries, and alpha-QE against the DBA gallery."""
 
 SEARCH_METHODS = ("aqe", "dba")
 """Re-rankings one search asks for (HTTP `rerank`, `vitrieval-index search --rerank`):
-alpha-QE, or ranking against the index's stored DBA vectors (index/store/augment.py)."""
+alpha-QE, or ranking against the index's stored DBA vectors (index/store/_dba.py)."""
 
 MAX_BLOCK_FLOATS = 1 << 24
 """float32 values one working block holds at most (scores in `exact_neighbours`, gathered

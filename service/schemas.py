@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from index.filters import Filter, FilterError, find_outside_int64, int64_message, parse_filter
 from index.fusion import DEFAULT_FUSION, Fusion
 from index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+from index.store.filters import Filter, FilterError, find_outside_int64, int64_message, parse_filter
 
 from .text import (
     MAX_KEY_LENGTH,
@@ -36,13 +36,13 @@ KEY_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f]{{1,{MAX_KEY_LENGTH}}}$"
 
 ItemKey = Annotated[str, Field(pattern=KEY_PATTERN), AfterValidator(checked_key)]
 """A key to store: text without control characters, not ending in a sub-route, with no
-empty, '.' or '..' segment (index.store.checks.key_problem: clients rewrite such URLs)."""
+empty, '.' or '..' segment (index.store.validation.key_problem: clients rewrite such URLs)."""
 LookupKey = Annotated[str, AfterValidator(checked_lookup_key)]
 Label = Annotated[str, Field(max_length=MAX_LABEL_LENGTH), AfterValidator(checked_label)]
 
 
 def _parsed_filter(value: dict[str, Any]) -> Filter:
-    """A metadata filter (JSON, checked against the language of index/filters.py)
+    """A metadata filter (JSON, checked against the language of index/store/filters.py)
     parsed here, once: the typed `Filter` is what travels to the store and to every
     shard. The schema still shows the JSON object (the annotation's type)."""
     try:

@@ -23,8 +23,7 @@ from index.gpu_notice import claim_cpu_only, log_cpu_only
 from index.runtime.embedder import CPU, Embedder, ort_cpu_reason, select_providers
 from index.runtime.images import DecodeBudget, DecodeBudgetBusy
 from index.shards import ShardedStore, open_index
-from index.store import IndexStore
-from index.store.vectors import check_gpu_mode, faiss_cpu_reason
+from index.store import IndexStore, check_gpu_mode, faiss_cpu_reason
 from index.unit_vectors import unit_rows
 
 from .batching import DynamicBatcher

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from index.store.checks import key_problem
+from index.store.validation import key_problem
 
 MAX_KEY_LENGTH = 512
 MAX_LABEL_LENGTH = 512

@@ -12,10 +12,10 @@ import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
 from index.evaluation.datasets import csv_list
-from index.filters import parse_filter
 from index.query import AQE, Where, search_store, search_store_fused
 from index.runtime.embedder import Embedder
 from index.store import IndexStore
+from index.store.filters import parse_filter
 
 COLOURS = ("red", "blue", "green")
 RED_OR_BLUE = {"must": [{"key": "colour", "match": {"any": ["red", "blue"]}}]}

@@ -184,7 +184,7 @@ def test_a_crash_between_the_derived_index_and_the_manifest(tmp_path: Path, monk
     before = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     store = IndexStore.open(tmp_path / "idx")
     store.add([str(i) for i in range(100, 150)], x[100:])
-    import index.store.persist as persist_module
+    import index.store._persist as persist_module
 
     def crash(*args, **kwargs):
         raise OSError("killed before the manifest")

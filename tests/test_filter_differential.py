@@ -37,10 +37,11 @@ from test_shards import in_process
 from index.pipeline.embeddings_folder import part_name, write_meta, write_part
 from index.shards.build import build_sharded
 from index.shards.store import open_index
-from index.store import IndexStore, filtering
-from index.store import columns as column_module
-from index.store import fields as field_module
-from index.store.columns import read_columns
+from index.store import IndexStore
+from index.store import _columns as column_module
+from index.store import _field_index as field_module
+from index.store import _filter_plans as filtering
+from index.store._columns import read_columns
 from index.store.filters import parse_filter
 
 DIM = 4

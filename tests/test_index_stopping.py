@@ -107,7 +107,7 @@ def test_add_to_a_served_index_is_refused_before_embedding(
     tmp_path, capsys, monkeypatch, many_small, tiny_onnx
 ):
     from index.runtime.embedder import Embedder
-    from index.store.journal import JournalOwner
+    from index.store._journal import JournalOwner
 
     index = tmp_path / "index"
     first = tmp_path / "first"

@@ -91,7 +91,7 @@ def test_build_stop_line_and_last_progress_line_say_what_the_index_holds(
 def test_build_stopped_twice_before_its_first_commit_runs_again(
     tmp_path, capsys, monkeypatch, images, tiny_onnx
 ):
-    from index.store import persist
+    from index.store import _persist as persist
 
     out = tmp_path / "index"
     argv = ("build", "--model", tiny_onnx, "--images", images, "--out", out, "--device", "cpu")

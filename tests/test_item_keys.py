@@ -22,7 +22,7 @@ from serving import Server
 from index.pipeline.embeddings_folder import write_part
 from index.runtime.embedder import Embedder
 from index.store import IndexStore
-from index.store.checks import key_problem
+from index.store.validation import key_problem
 
 KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}

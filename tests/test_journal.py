@@ -1,4 +1,4 @@
-"""Tests for the store's write-ahead journal (index/store/journal.py): mutations are
+"""Tests for the store's write-ahead journal (index/store/_journal.py): mutations are
 durable on return, replayed on open, idempotent when replayed twice, discarded when
 they fail, and survive SIGKILL."""
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from index.store import IndexStore, StoreError
-from index.store.journal import JOURNAL_FILE, JournalIntegrityError, row_checksum
+from index.store._journal import JOURNAL_FILE, JournalIntegrityError, row_checksum
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 16

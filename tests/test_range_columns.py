@@ -1,4 +1,4 @@
-"""Filters answered from a sealed segment's columns (index/store/columns.py, written
+"""Filters answered from a sealed segment's columns (index/store/_columns.py, written
 with the segment) equal the field index's answers and the reference rule
 (`filters.Range.holds`, `filters.Match.holds`)."""
 
@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from store_helpers import unit_vectors
 
-from index.filters import parse_filter
 from index.store import IndexStore
-from index.store import fields as fx
+from index.store import _field_index as fx
 from index.store import manifest as mf
-from index.store.columns import EXACT_FLOAT_INTEGERS, read_columns
-from index.store.filters import Match, Range, field_values
+from index.store._columns import EXACT_FLOAT_INTEGERS, read_columns
+from index.store.filters import Match, Range, field_values, parse_filter
 
 N = 600
 

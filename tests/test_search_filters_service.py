@@ -19,10 +19,10 @@ from fastapi.testclient import TestClient
 from ray_cluster import NO_RAY, ray_missing
 
 from index.evaluation.metrics import retrieval_metrics
-from index.filters import MAX_FILTER_DEPTH
 from index.query import AQE, MAX_AQE_NEIGHBOURS, Where, search_store
 from index.shards import open_index
 from index.store import IndexStore, StoreError
+from index.store.filters import MAX_FILTER_DEPTH
 from service.app import create_app
 from service.settings import Settings
 from service.state import check_vector

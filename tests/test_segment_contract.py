@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from index.store import IndexStore
-from index.store.memory_segment import MemorySegment
-from index.store.segment import SealedSegment
+from index.store._memory_segment import MemorySegment
+from index.store._sealed_segment import SealedSegment
 from index.store.segment_contract import Segment
 
 METHODS = sorted(

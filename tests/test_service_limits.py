@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 from serving import Server, free_port
 
-from index.store.journal import JOURNAL_FILE
+from index.store._journal import JOURNAL_FILE
 
 KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}

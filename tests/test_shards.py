@@ -29,7 +29,7 @@ from index.shards.build import build_shard, build_sharded
 from index.shards.layout import SHARDS_FILE, shard_name
 from index.store import IndexStore, KeyExistsError
 from index.store import manifest as mf
-from index.store.vectors import VectorIndex
+from index.store._vectors import VectorIndex
 from service.app import create_app
 from service.settings import Settings
 

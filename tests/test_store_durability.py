@@ -19,7 +19,7 @@ import pytest
 from store_helpers import build, flip_byte, unit_vectors  # tests/store_helpers.py
 
 from index.store import IndexStore, StoreError
-from index.store.leases import LEASE_DIR
+from index.store._leases import LEASE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ def test_second_writer_is_refused(saved_index: Path) -> None:
 def test_an_open_keeps_its_generation_when_a_merge_lands_meanwhile(
     saved_index: Path, monkeypatch
 ) -> None:
-    import index.store.segment as segment_module
+    import index.store._sealed_segment as segment_module
 
     real_init = segment_module.SealedSegment.__init__
     raced: list[int] = []

@@ -335,8 +335,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _repair_journals(index: str) -> None:
     """`verify --repair`: set aside the journal rows this version cannot apply."""
     from ..shards.layout import store_directories
+    from ..store import REJECTED_FILE, repair_journal
     from ..store import manifest as mf
-    from ..store.journal_repair import REJECTED_FILE, repair_journal
 
     for directory in store_directories(index):
         moved = repair_journal(directory, mf.read_manifest(directory).dim)

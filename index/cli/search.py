@@ -1,7 +1,7 @@
 """`vitrieval-index search`: the top-k neighbours of query images, apart from cli.py.
 
 Each query image is its own query, or with --fuse all of them are one (index/fusion.py);
---filter narrows the hits by metadata (index/filters.py) and --rerank aqe re-ranks them
+--filter narrows the hits by metadata (index/store/filters.py) and --rerank aqe re-ranks them
 (alpha query expansion). What follows the embedding is `index.query`, as the HTTP
 service runs it.
 """
@@ -20,7 +20,7 @@ from .arguments import Subcommands
 from .common import add_runtime_options, embedder_from_args, open_index_with_model
 
 if TYPE_CHECKING:
-    from ..filters import Filter
+    from ..store.filters import Filter
 
 NEAREST_FOR_KEYS = 100
 """Items a filter that matched nothing has its keys looked for in (the first query's
@@ -76,7 +76,7 @@ def read_filter(text: str | None) -> Filter | None:
     """--filter's JSON text (or @FILE's), parsed into the filter language's `Filter`
     (what the search takes): a bad one is a FilterError (a StoreError) or ValueError
     naming the problem."""
-    from ..filters import parse_filter
+    from ..store.filters import parse_filter
 
     if text is None:
         return None
@@ -108,7 +108,7 @@ def missing_filter_keys(store: Any, query: Any, flt: Filter) -> str | None:
     """A note when a filter that matched nothing names metadata keys that none of the
     query's NEAREST_FOR_KEYS nearest items has (None when every key was seen)."""
     from ..query import search_store
-    from ..store.fields import flatten
+    from ..store import flatten
     from ..store.filters import field_values
 
     fields = {leaf.field for leaf in flt.leaves() if not leaf.field.label}

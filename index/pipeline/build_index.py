@@ -35,7 +35,7 @@ from ..runtime.embedder import Embedder, EmbedResult
 from ..shards.store import ShardedStore, is_index, open_index
 from ..stopping import Stopped
 from ..store import IndexStore, StoreError
-from ..store.checks import check_new_keys, key_problem
+from ..store.validation import check_new_keys, key_problem
 
 if TYPE_CHECKING:  # pyarrow is imported only by builds from an embeddings folder
     from .embeddings_folder import EmbeddingBatch, EmbeddingsFolder
@@ -306,7 +306,7 @@ def check_writable(out: Path) -> None:
     """StoreError if another process (a running server) holds the writer lock of the
     index in `out`: its save would be refused only after all the embedding."""
     from ..shards.layout import store_directories
-    from ..store.journal import JournalOwner
+    from ..store import JournalOwner
 
     for directory in store_directories(out):
         JournalOwner.check_free(directory)

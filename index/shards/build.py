@@ -34,9 +34,8 @@ from ..atomic import atomic_write_bytes, atomic_write_text
 from ..factory import training_sample_size
 from ..pipeline.build_index import REPORT_FILE, build_from_embeddings, check_folder_keys
 from ..pipeline.embeddings_folder import BATCH_ROWS, EmbeddingsError, EmbeddingsFolder
-from ..store import IndexStore, StoreError
+from ..store import IndexStore, StoreError, VectorIndex, new_faiss_index
 from ..store import manifest as mf
-from ..store.vectors import VectorIndex, new_faiss_index
 from .layout import (
     PLAN_FILE,
     QUANTIZER_FILE,

@@ -19,14 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from ..store import Hit, IndexStore, ItemRecord, KeyExistsError, StoreError
+from ..store import (
+    OTHER_MODEL_ADVICE,
+    FieldSelection,
+    Hit,
+    IndexStore,
+    ItemRecord,
+    KeyExistsError,
+    StoreError,
+)
 from ..store import manifest as mf
-from ..store.checks import as_matrix, checked_items
 from ..store.errors import DamagedIndexError
-from ..store.fields import FieldSelection
 from ..store.filters import Filter, parse_filter
-from ..store.loading import OTHER_MODEL_ADVICE
 from ..store.request import Query, Ranked
+from ..store.validation import as_matrix, checked_items
 from .layout import (
     PLAN_FILE,
     RULE,

@@ -11,24 +11,24 @@ This docstring is the contract of the on-disk format (format_version 4)::
       seg.<n>.items.sqlite     sealed segment n: items(id, key, label, path, metadata,
                                row); row = the item's position in seg.<n>.vectors.npy;
                                fields(path, value, id), the field index filters read,
-                               and field_set(paths), what it covers (fields.py)
+                               and field_set(paths), what it covers (_field_index.py)
       seg.<n>.vectors.npy      sealed segment n: float32 (rows, dim), the exact vectors
                                (absent for "Flat": its FAISS file holds them)
       seg.<n>.columns          sealed segment n: its indexed paths' values as columns,
-                               written with it, memory-mapped (columns.py): a number
+                               written with it, memory-mapped (_columns.py): a number
                                column (sorted int64 ids, float64 values) per path with
                                at most one number an item, all integers within
                                ±2**53; a text column (ids, int32 codes, dictionary)
                                per path with at most one string or boolean an item
-      dba.<g>.ids.npy          the derived DBA index (augment.py), computed at
+      dba.<g>.ids.npy          the derived DBA index (_dba.py), computed at
       dba.<g>.npy              generation g: sorted int64 ids of every live item, and
                                float32 (n, dim) their DBA vectors in that order; only
                                with `dba` set
       seg.<n>.del.<g>.npy      segment n's tombstones as of generation g (sorted int64)
-      journal.sqlite           the write-ahead journal of the growing segment (journal.py)
-      journal.rejected.jsonl   journal rows `verify --repair` set aside (journal_repair.py)
+      journal.sqlite           the write-ahead journal of the growing segment (_journal.py)
+      journal.rejected.jsonl   journal rows `verify --repair` set aside (_journal_repair.py)
       .readers/                one locked lease per open store: the files of the
-                               generation it reads (leases.py)
+                               generation it reads (_leases.py)
       .lock, .journal.lock     advisory locks (empty; never read)
 
 manifest.json::
@@ -53,7 +53,7 @@ manifest.json::
 - FAISS layout: an IndexIDMap2 around the factory index, ids = item ids; except IVF
   factories, whose index holds the item ids itself (IDMap2 over IVF corrupts its id
   map on remove_ids). Inner product on L2-normalised vectors (scores are cosines).
-- The growing segment lives in memory (memory_segment.py): every add goes there,
+- The growing segment lives in memory (_memory_segment.py): every add goes there,
   behind the journal. Removing an item of a sealed segment adds a tombstone.
 - Save: seal the growing segment into new segment files, write the tombstone lists
   that changed (under the new generation's number), write the model copy or the
@@ -61,20 +61,20 @@ manifest.json::
   delete the files no longer listed that no live reader's lease names. Its cost
   follows the change. Searches run meanwhile: files are written outside the store's
   lock.
-- Merge (merge.py, persist.py): small segments, and segments more than 20% tombstones,
+- Merge (_merge_policy.py, _persist.py): small segments, and segments more than 20% tombstones,
   are folded into a new segment (tombstoned items dropped), committed the same way;
   the merged segments' files are verified before they are read.
-- DBA (augment.py): with `dba` set, every commit (save, merge) names the derived DBA
+- DBA (_dba.py): with `dba` set, every commit (save, merge) names the derived DBA
   index of exactly the items it commits: computed again before the manifest when
   those items differ from the current one's (ids are never reused, vectors never
   change: equal ids, equal DBA), kept otherwise. Segments, seals and merges know
   nothing of it. An augmented search ranks exactly against it, and is refused (a
   StoreError saying to save) while it is missing, of other settings, or the store
   holds unsaved adds or removes: stale DBA vectors never answer.
-- Search (search.py): every segment answers its top k, merged by score then id; a
+- Search (_search.py): every segment answers its top k, merged by score then id; a
   filter (filters.py) is evaluated per segment, each condition from its columns, its
   field index or its metadata (`filtering.leaf_ids` chooses), and searched exactly
-  over a small allowed subset or by a widened ID-selector search (filtering.py).
+  over a small allowed subset or by a widened ID-selector search (_filter_plans.py).
 - Open: read the manifest, check every listed file's size, parse the headers, and
   memory-map the segments (FAISS's IO_FLAG_MMAP for IVF, IO_FLAG_MMAP_IFC for flat
   codes; numpy's mmap for the vectors; SQLite opened read-only in place): nothing is
@@ -96,7 +96,7 @@ unread (an augmented search asks for the upgrade); the upgrade computes the deri
 DBA index and commits format 4 without them, removed after the commit. Format 1 (one
 generation: index.<g>.faiss and items.<g>.sqlite holding every vector) does not
 open: `open` raises a StoreError naming the upgrade. Only the upgrade reads it
-(upgrade_format1.py, which nothing the store imports for open, search or save
+(_upgrade_format1.py, which nothing the store imports for open, search or save
 imports), sealing it into segments with its journalled mutations; the manifest is
 the commit point, as for every save.
 
@@ -105,24 +105,48 @@ segments; the CPU files stay authoritative. gpu="cpu" never uses a GPU; gpu="cud
 without one is a StoreError.
 """
 
-from .core import AUTO_COMPACT_FRACTION, IndexStore
+# The public surface: what the rest of vitrieval imports from the store. The modules
+# named with a leading underscore are its internals (docs/design.md maps them);
+# errors, filters, request, manifest, segment_contract, validation and upgrade are
+# public modules of their own.
+from ._damage import damage_code
+from ._field_index import FieldSelection, flatten
+from ._index_store import AUTO_COMPACT_FRACTION, IndexStore
+from ._items import Hit, ItemRecord
+from ._journal import JournalOwner, JournalWriteError
+from ._journal_repair import REJECTED_FILE, repair_journal
+from ._loading import OTHER_MODEL_ADVICE
+from ._vectors import (
+    VectorIndex,
+    check_gpu_mode,
+    faiss_cpu_reason,
+    new_faiss_index,
+    suggest_factory,
+)
 from .errors import DamagedIndexError, FolderNotEmptyError, KeyExistsError, StoreError
-from .items import Hit, ItemRecord
-from .journal import JournalWriteError
 from .upgrade import upgrade
-from .vectors import new_faiss_index, suggest_factory
 
 __all__ = [
     "AUTO_COMPACT_FRACTION",
+    "OTHER_MODEL_ADVICE",
+    "REJECTED_FILE",
     "DamagedIndexError",
+    "FieldSelection",
     "FolderNotEmptyError",
     "Hit",
     "IndexStore",
     "ItemRecord",
+    "JournalOwner",
     "JournalWriteError",
     "KeyExistsError",
     "StoreError",
+    "VectorIndex",
+    "check_gpu_mode",
+    "damage_code",
+    "faiss_cpu_reason",
+    "flatten",
     "new_faiss_index",
+    "repair_journal",
     "suggest_factory",
     "upgrade",
 ]

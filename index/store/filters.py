@@ -28,7 +28,7 @@ Object keys containing a dot are not addressable.
 
 `parse_filter` checks a filter and returns it as a `Filter`; `Filter.matches` is the
 reference evaluation on one item (the store evaluates filters from its indexes,
-filtering.py, and is tested against this).
+_filter_plans.py, and is tested against this).
 """
 
 from __future__ import annotations

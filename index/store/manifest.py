@@ -6,11 +6,11 @@ what commits a generation, so anything not named in it is either an older
 generation or the debris of an interrupted save, and is never read.
 
 Format 3 lists the sealed segments with their files (each with its columns file,
-columns.py) and tombstones, and the trained quantizer. Format 2 (the same, segments
+_columns.py) and tombstones, and the trained quantizer. Format 2 (the same, segments
 without columns files) is still read, for read-only use and for `vitrieval-index
 upgrade`. Format 1 (one generation: index.<g>.faiss + items.<g>.sqlite) is not parsed
 here: reading it is refused with the upgrade command, and only the upgrade
-(upgrade_format1.py) reads it, so that the store never loads that code.
+(_upgrade_format1.py) reads it, so that the store never loads that code.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ SEGMENT_DBA_FORMAT_VERSION = 3
 COLUMNLESS_FORMAT_VERSION = 2
 """Segments without columns files: read (their field index answers), not written."""
 UPGRADE_ONLY_FORMAT_VERSION = 1
-"""Format 1: opened by `vitrieval-index upgrade` alone (upgrade_format1.py)."""
+"""Format 1: opened by `vitrieval-index upgrade` alone (_upgrade_format1.py)."""
 MANIFEST = "manifest.json"
 MODEL_COPY_FILE = "model.onnx"
 LOCK_FILE = ".lock"
@@ -88,12 +88,12 @@ def segment_vectors_file(number: int) -> str:
 
 
 def segment_columns_file(number: int) -> str:
-    """Segment `number`'s columns of its indexed paths (columns.py; format 3)."""
+    """Segment `number`'s columns of its indexed paths (_columns.py; format 3)."""
     return f"seg.{number}.columns"
 
 
 def dba_ids_file(generation: int) -> str:
-    """The derived DBA index of `generation`: sorted int64 ids (augment.py)."""
+    """The derived DBA index of `generation`: sorted int64 ids (_dba.py)."""
     return f"dba.{generation}.ids.npy"
 
 
@@ -199,7 +199,7 @@ def _parse_segment(raw: Any, where: Path, version: int) -> SegmentEntry:
         if _SEGMENT_DBA_FILE.fullmatch(name):
             if version > SEGMENT_DBA_FORMAT_VERSION:
                 raise StoreError(f"{where} is invalid: unexpected segment file name {name!r}")
-            # format 3's DBA vectors inside a segment: never read now (augment.py keeps
+            # format 3's DBA vectors inside a segment: never read now (_dba.py keeps
             # a derived index instead), so left out of the entry; the first commit
             # after the upgrade removes the files
             continue

@@ -95,7 +95,7 @@ class SegmentEntry:
 
 @dataclass(frozen=True)
 class DbaEntry:
-    """The derived DBA index (augment.py): its settings, the generation it was computed
+    """The derived DBA index (_dba.py): its settings, the generation it was computed
     at, how many items it holds, and its two files."""
 
     neighbours: int
@@ -121,7 +121,7 @@ class Manifest:
     """One committed generation, exactly as manifest.json states it.
 
     `segments`, `quantizer` (the trained empty index new segments start from, for
-    factories that train) and `next_id`. The upgrade of format 1 (upgrade_format1.py)
+    factories that train) and `next_id`. The upgrade of format 1 (_upgrade_format1.py)
     states its generation as one of these without segments.
     """
 
@@ -139,7 +139,7 @@ class Manifest:
     search_params: dict[str, int] = field(default_factory=dict)
     filter_fields: tuple[str, ...] | None = None  # metadata paths indexed; None: every one
     dba: tuple[int, float] | None = None  # DBA (neighbours, alpha) commits compute; None: off
-    dba_index: DbaEntry | None = None  # the derived DBA index (format 4; augment.py)
+    dba_index: DbaEntry | None = None  # the derived DBA index (format 4; _dba.py)
     journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
 
     @property

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from ._filter_plans import with_label
+from ._items import Hit
 from .errors import StoreError
-from .filtering import with_label
 from .filters import Filter, parse_filter
-from .items import Hit
 
 Ranked = list[list[tuple[int, Hit]]]
 """Per query, its hits best first, each with its item id (what orders equal scores)."""
@@ -33,7 +33,7 @@ Ranked = list[list[tuple[int, Hit]]]
 class Where:
     """Which items a query may find (a label, a metadata filter, keys left out), and
     which of their vectors it ranks against: `augmented`, the index's DBA vectors
-    (index/store/augment.py).
+    (index/store/_dba.py).
 
     `filter` may be given as decoded JSON (the language of filters.py): it is parsed
     here, once (FilterError names what is wrong), and kept as a `Filter`."""

@@ -1,5 +1,5 @@
-"""`Segment`: the one contract every kind of segment keeps, sealed (segment.py) or in
-memory (memory_segment.py).
+"""`Segment`: the one contract every kind of segment keeps, sealed (_sealed_segment.py) or in
+memory (_memory_segment.py).
 
 A store reads its segments only through these members: search fans out over them,
 lookups, filters, evaluation and merges call them without knowing which kind they
@@ -15,10 +15,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ._items import ItemRecord
+from ._memory_segment import SegmentRow
+from ._vectors import VectorIndex
 from .filters import Match, Range
-from .items import ItemRecord
-from .memory_segment import SegmentRow
-from .vectors import VectorIndex
 
 Described = tuple[str, str | None, str | None, str]
 """An item as search results need it: (key, label, path, metadata JSON)."""

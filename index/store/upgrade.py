@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import manifest as mf
-from .core import IndexStore
+from ._index_store import IndexStore
 
 
 def upgrade(directory: str | Path) -> tuple[int, int]:
@@ -20,7 +20,7 @@ def upgrade(directory: str | Path) -> tuple[int, int]:
     directory = Path(directory)
     if mf.stored_format_version(directory) == mf.UPGRADE_ONLY_FORMAT_VERSION:
         # imported here, so that importing the store never loads the format-1 reader
-        from .upgrade_format1 import upgrade_format1
+        from ._upgrade_format1 import upgrade_format1
 
         return mf.UPGRADE_ONLY_FORMAT_VERSION, upgrade_format1(directory)
     store = IndexStore.open(directory)

@@ -17,8 +17,8 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from index.evaluation.metrics import retrieval_metrics
-from index.filters import FilterError
 from index.store import StoreError
+from index.store.filters import FilterError
 
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses, store_error

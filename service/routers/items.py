@@ -1,7 +1,7 @@
 """/v1/items: add, read, delete items (mutations need the API key) and thumbnails.
 
 An add or delete answers only after the store has journalled it durably
-(index/store/journal.py): a 201 or 200 means the change survives a crash.
+(index/store/_journal.py): a 201 or 200 means the change survives a crash.
 
 Keys may contain slashes (`digits/00017`, a folder-relative path): the routes take
 the rest of the path as the key, so a key cannot end in `/thumbnail`, nor have an

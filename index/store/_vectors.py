@@ -28,8 +28,8 @@ import faiss
 import numpy as np
 
 from ..gpu_notice import say_cpu_only
+from ._filter_plans import contains, difference
 from .errors import StoreError, faiss_reason
-from .filtering import contains, difference
 
 logger = logging.getLogger(__name__)
 
@@ -369,7 +369,7 @@ class VectorIndex:
         queries: float32 (q, dim). allowed: sorted int64 ids that may be returned (None:
         all); blocked: int64 ids that never may (tombstones, exclusions). widen: how much
         wider than its own nprobe / efSearch an IVF or HNSW search looks (a filter's
-        1 / selectivity, filtering.py).
+        1 / selectivity, _filter_plans.py).
         """
         results: list[list[tuple[int, float]]] = [[] for _ in range(len(queries))]
         if allowed is not None:

@@ -3,9 +3,9 @@
 A FAISS index of the store's factory (cloned from the trained quantizer for IVF/PQ)
 plus an in-memory SQLite item table that keeps each exact vector, so the segment can
 be written out (sealed) or rebuilt without touching the sealed segments. New adds
-always land here; the write-ahead journal (journal.py) makes them durable until the
+always land here; the write-ahead journal (_journal.py) makes them durable until the
 next save seals the segment. The upgrade of a format-1 index loads it into one of
-these (upgrade_format1.py).
+these (_upgrade_format1.py).
 
 Removal: layouts that can remove vectors remove them; others (HNSW) keep tombstones
 (rows marked deleted) that searches skip and sealing leaves out.
@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ._items import Hit, ItemRecord, ItemTable, Row
+from ._vectors import VectorIndex
 from .filters import Match, Range
-from .items import Hit, ItemRecord, ItemTable, Row
-from .vectors import VectorIndex
 
 SegmentRow = tuple[int, str, str | None, str | None, str]
 """(id, key, label, path, metadata JSON) of one item."""

@@ -9,7 +9,7 @@ processes out. A crash anywhere before the manifest is replaced leaves the previ
 commit loadable; the files written meanwhile are debris, removed by the next commit.
 
 With DBA on, every commit also names the derived DBA index of the items it commits
-(augment.py): computed again under the lock just before the manifest when those
+(_dba.py): computed again under the lock just before the manifest when those
 items changed, kept otherwise. Its files are written before the manifest like every
 other, so a crash between the two leaves the previous generation and its own.
 """
@@ -25,14 +25,14 @@ import numpy as np
 
 from ..atomic import atomic_path
 from . import manifest as mf
-from .augment import DbaIndex, compute_and_write, live_ids
+from ._dba import DbaIndex, compute_and_write, live_ids
+from ._journal import JournalOwner
+from ._leases import Lease, leased_files
+from ._memory_segment import MemorySegment
+from ._merge_policy import pick_merge
+from ._sealed_segment import SealedSegment, write_segment, write_tombstones
+from ._state import StoreState
 from .errors import StoreError
-from .journal import JournalOwner
-from .leases import Lease, leased_files
-from .memory_segment import MemorySegment
-from .merge import pick_merge
-from .segment import SealedSegment, write_segment, write_tombstones
-from .store_state import StoreState
 
 TUNABLE_PARAMS = ("nprobe", "efSearch")
 

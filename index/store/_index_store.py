@@ -1,13 +1,13 @@
 """IndexStore: the index directory (format in __init__) as one object over segments.
 
-Sealed segments (segment.py) are immutable files, memory-mapped; the growing segment
-(memory_segment.py) holds what was added since the last save, behind the journal.
+Sealed segments (_sealed_segment.py) are immutable files, memory-mapped; the growing segment
+(_memory_segment.py) holds what was added since the last save, behind the journal.
 A save seals the growing segment into new files and writes the tombstones that
 changed, then commits the manifest: its cost follows the change, not the index.
 Searches fan out over every segment and merge the per-segment top k.
 
 What an open store holds (its segments, counters, journal, lease and locks) is a
-StoreState (store_state.py); this class is the public face over it, and the modules
+StoreState (_state.py); this class is the public face over it, and the modules
 that open, save, search, report and verify take the state, never this class.
 """
 
@@ -23,23 +23,23 @@ from typing import Any
 import numpy as np
 
 from ..rerank import DEFAULT_DBA_ALPHA
-from .augment import check_dba
-from .checks import as_matrix, check_ids, checked_items
+from ._dba import check_dba
+from ._field_index import FieldSelection, check_field_paths
+from ._health import legacy_items, scrub_store, verify_store
+from ._items import Hit, ItemRecord, Row
+from ._loading import create_store, open_store
+from ._merge_policy import TOMBSTONE_FRACTION
+from ._persist import merge as merge_segments
+from ._persist import save as save_store
+from ._report import store_info
+from ._sealed_segment import SealedSegment
+from ._search import labelled_items, ranked_search
+from ._state import StoreState
+from ._vectors import VectorIndex, new_faiss_index
 from .errors import KeyExistsError, StoreError
-from .fields import FieldSelection, check_field_paths
 from .filters import Filter
-from .health import legacy_items, scrub_store, verify_store
-from .items import Hit, ItemRecord, Row
-from .loading import create_store, open_store
-from .merge import TOMBSTONE_FRACTION
-from .persist import merge as merge_segments
-from .persist import save as save_store
-from .report import store_info
 from .request import Query, Ranked
-from .search import labelled_items, ranked_search
-from .segment import SealedSegment
-from .store_state import StoreState
-from .vectors import VectorIndex, new_faiss_index
+from .validation import as_matrix, check_ids, checked_items
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class IndexStore:
         overwrite: allow a non-empty directory; its old index is replaced at save().
         quantizer: a trained, empty index of `factory` (faiss.serialize_index bytes) to
         start from instead of training: the shards of one index share one quantizer.
-        filter_fields: the metadata paths filters read from an index (fields.py);
+        filter_fields: the metadata paths filters read from an index (_field_index.py);
         None indexes every scalar field, a list only those (a filter on another
         field still works, by reading the metadata of every item it considers).
         """
@@ -111,7 +111,7 @@ class IndexStore:
         verify: bool = False,
     ) -> IndexStore:
         """Open the committed generation of `directory` and replay the mutations its
-        journal still holds (journal.py).
+        journal still holds (_journal.py).
 
         Opening checks sizes and headers and memory-maps the segments; `verify=True`
         also checks every byte against the manifest's checksums (see `verify()`).
@@ -146,12 +146,12 @@ class IndexStore:
 
     @property
     def dba(self) -> tuple[int, float] | None:
-        """(neighbours, alpha) commits compute DBA vectors with (augment.py), or None."""
+        """(neighbours, alpha) commits compute DBA vectors with (_dba.py), or None."""
         return self._state.dba
 
     @property
     def filter_fields(self) -> FieldSelection:
-        """The metadata paths new segments index for filters (fields.py)."""
+        """The metadata paths new segments index for filters (_field_index.py)."""
         return self._state.filter_fields
 
     @property
@@ -369,12 +369,12 @@ class IndexStore:
     ) -> list[list[Hit]]:
         """Top-k items by inner product for each query of float32 (q, dim) `queries`.
 
-        Every segment answers its own top k (search.py); the lists are merged by
+        Every segment answers its own top k (_search.py); the lists are merged by
         descending score, ties by ascending item id (insertion order), exactly as one
         index holding every item would rank them. `where` (request.py `Where`):
         `filter` (the language of filters.py, as decoded JSON or parsed) and `label`
         keep only the items they allow; `exclude_keys` leaves those items out;
-        `augmented` ranks against the DBA vectors of the committed items (augment.py;
+        `augmented` ranks against the DBA vectors of the committed items (_dba.py;
         a StoreError while adds or removes are unsaved). Or one `Query` alone. A
         query gets fewer than k hits when fewer items match.
         """
@@ -386,7 +386,7 @@ class IndexStore:
         """`search`, each hit with its item id (what orders equal scores)."""
         return ranked_search(self._state, Query.of(query, k, **where))
 
-    # -- persistence (saving, merging: persist.py) --------------------------------------
+    # -- persistence (saving, merging: _persist.py) --------------------------------------
 
     def save(self) -> None:
         """Commit the current state: seal the growing segment into new files, write the
@@ -413,7 +413,7 @@ class IndexStore:
 
     def set_filter_fields(self, paths: Sequence[str] | None) -> None:
         """Choose the metadata paths segments written from now on index for filters
-        (None: every scalar field; fields.py). Saved with the index; a filter on a path
+        (None: every scalar field; _field_index.py). Saved with the index; a filter on a path
         a segment did not index reads that segment's metadata instead, until a merge
         (`merge(everything=True, rewrite=True)`) rewrites it."""
         with self._state.lock:
@@ -421,7 +421,7 @@ class IndexStore:
 
     def set_dba(self, neighbours: int | None, alpha: float = DEFAULT_DBA_ALPHA) -> None:
         """Turn DBA on (every commit whose items changed computes the derived DBA index
-        of all of them, with `neighbours` and `alpha`: augment.py) or off (None). Saved
+        of all of them, with `neighbours` and `alpha`: _dba.py) or off (None). Saved
         with the index: the next save() computes the DBA vectors of every item."""
         with self._state.lock:
             self._state.set_dba(None if neighbours is None else check_dba(neighbours, alpha))
@@ -431,7 +431,7 @@ class IndexStore:
         verify_store(self._state)
 
     def legacy_items(self) -> list[tuple[str, str]]:
-        """(key, problem) of items this version would refuse at add (health.py)."""
+        """(key, problem) of items this version would refuse at add (_health.py)."""
         return legacy_items(self._state)
 
     def scrub(
@@ -455,7 +455,7 @@ class IndexStore:
         return self._state.damaged_segments()
 
     def due_merge(self) -> bool:
-        """Whether the merge policy (merge.py) would merge segments now."""
+        """Whether the merge policy (_merge_policy.py) would merge segments now."""
         return self._state.due_merge()
 
     # -- reporting and lifetime ---------------------------------------------------------

@@ -6,12 +6,12 @@ One sealed segment n of an index directory is::
                            opened memory-mapped and read-only
     seg.<n>.items.sqlite   items(id, key, label, path, metadata, row): `row` is the
                            item's position in the vectors (rows are in id order);
-                           and the field index filters read (fields.py); opened
+                           and the field index filters read (_field_index.py); opened
                            read-only, queried on disk, never loaded whole
     seg.<n>.vectors.npy    float32 (rows, dim), memory-mapped: the exact vectors, for
                            every factory but "Flat" (whose FAISS file holds them)
     seg.<n>.columns        the indexed paths' values as columns, memory-mapped, which
-                           answer most filter conditions (columns.py; format 3: a
+                           answer most filter conditions (_columns.py; format 3: a
                            format-2 segment has none, its field index answers)
     seg.<n>.del.<g>.npy    the segment's tombstones as of generation g (sorted int64
                            ids of items removed since it was sealed); small, rewritten
@@ -38,15 +38,15 @@ import faiss
 import numpy as np
 
 from ..atomic import atomic_path
-from . import columns as cl
-from . import fields as fx
+from . import _columns as cl
+from . import _field_index as fx
 from . import manifest as mf
+from ._filter_plans import contains, leaf_ids
+from ._items import ItemRecord
+from ._memory_segment import SegmentRow
+from ._vectors import VectorIndex, core_index
 from .errors import StoreError, faiss_reason
-from .filtering import contains, leaf_ids
 from .filters import Match, Range
-from .items import ItemRecord
-from .memory_segment import SegmentRow
-from .vectors import VectorIndex, core_index
 
 # FAISS maps inverted lists (IO_FLAG_MMAP) or flat codes (IO_FLAG_MMAP_IFC) from the
 # file instead of reading them: resident memory follows the pages searches touch. The
@@ -402,8 +402,8 @@ def write_segment(
     `template` is an empty index of the store's factory (trained, for IVF/PQ) that the
     vectors are added to; `prebuilt`, when given, is an index already holding exactly
     these vectors under these ids (a growing segment without tombstones), written as is.
-    `fields`: the metadata paths the segment's field index covers (fields.py), and
-    its columns file (columns.py) holds.
+    `fields`: the metadata paths the segment's field index covers (_field_index.py), and
+    its columns file (_columns.py) holds.
     """
     dim = template.d
     index = prebuilt if prebuilt is not None else faiss.clone_index(template)

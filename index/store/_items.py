@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from . import fields as fx
-from . import filtering
-from .columns import NO_COLUMNS
+from . import _field_index as fx
+from . import _filter_plans as filtering
+from ._columns import NO_COLUMNS
 from .errors import StoreError
 from .filters import Match, Range
 
@@ -99,7 +99,7 @@ class ItemTable:
 
     @classmethod
     def new(cls, fields: fx.FieldSelection) -> ItemTable:
-        """An empty table whose field index covers `fields` (fields.py)."""
+        """An empty table whose field index covers `fields` (_field_index.py)."""
         conn = sqlite3.connect(":memory:", check_same_thread=False)
         conn.executescript(SCHEMA)
         fx.create_tables(conn, fields)
@@ -236,7 +236,7 @@ class ItemTable:
         return found
 
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
-        """Sorted ids of the items (deleted ones too) where `leaf` holds (fields.py)."""
+        """Sorted ids of the items (deleted ones too) where `leaf` holds (_field_index.py)."""
         return filtering.leaf_ids(leaf, NO_COLUMNS, self.conn, self.fields, "the growing segment")
 
     def vectors_of(self, ids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .segment import SealedSegment
+    from ._sealed_segment import SealedSegment
 
-logger = logging.getLogger("index.store.core")
+logger = logging.getLogger("index.store._index_store")
 
 
 def with_damaged(

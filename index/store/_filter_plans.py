@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import fields as fx
-from .columns import SegmentColumns
+from . import _field_index as fx
+from ._columns import SegmentColumns
 from .filters import Filter, Match, Range
 
 EXACT_SEARCH_MAX = 20_000
@@ -104,10 +104,10 @@ def leaf_ids(
     """Sorted unique int64 ids of a segment's items (tombstoned ones too) where `leaf`
     holds, from the first of three sources that answers it:
 
-    1. the segment's columns (columns.py: sealed segments of format 3): a range on a
+    1. the segment's columns (_columns.py: sealed segments of format 3): a range on a
        path with a number column whose bounds float64 holds exactly; a match of
        strings or booleans on a path with a text column;
-    2. the SQLite field index (fields.py), for the label and every other condition on
+    2. the SQLite field index (_field_index.py), for the label and every other condition on
        a path the segment indexes: paths with several values an item, integers beyond
        2**53, matches on numbers, the growing segment, segments of format 2;
     3. the metadata scan, for a path the segment does not index (logged once).

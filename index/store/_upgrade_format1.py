@@ -26,13 +26,13 @@ from typing import Any
 import faiss
 
 from . import manifest as mf
-from .core import IndexStore
+from ._index_store import IndexStore
+from ._items import ItemTable
+from ._loading import attach_journal
+from ._memory_segment import MemorySegment
+from ._state import StoreState
+from ._vectors import VectorIndex, check_gpu_mode
 from .errors import StoreError
-from .items import ItemTable
-from .loading import attach_journal
-from .memory_segment import MemorySegment
-from .store_state import StoreState
-from .vectors import VectorIndex, check_gpu_mode
 
 
 def index_file(generation: int) -> str:
@@ -91,16 +91,7 @@ def open_format1(directory: Path, gpu: str = "auto") -> IndexStore:
     template = faiss.clone_index(vectors.cpu)
     template.reset()  # trained, empty: what new segments start from
     segment = MemorySegment(vectors, items)
-    state = StoreState(
-        directory,
-        factory=manifest.factory,
-        dim=manifest.dim,
-        template=template,
-        gpu=gpu,
-        model=manifest.model,
-        committed=manifest,
-        growing=segment,
-    )
+    state = StoreState.of_commit(directory, manifest, template, gpu, growing=segment)
     state.opened_format(mf.UPGRADE_ONLY_FORMAT_VERSION)
     rows = segment.live_count + len(segment.tombstones)
     if rows != vectors.ntotal or segment.live_count != manifest.count:

@@ -3,10 +3,10 @@
 The segment set (sealed, sealing, growing, retired, damaged), the id and segment
 counters, what is unsaved (dirty flags, a model still to copy in), the committed
 manifest and the generation it was read at, the journal bookkeeping, the reader
-lease, and the two locks. `IndexStore` (core.py) holds one; the modules that save,
+lease, and the two locks. `IndexStore` (_index_store.py) holds one; the modules that save,
 open, search, report and verify a store take it, and change it only through the
 methods below, each named for what it does (a save's `commit_sealed`, a merge's
-`replace_merged`, ...). It imports nothing that imports it: core.py sits on top.
+`replace_merged`, ...). It imports nothing that imports it: _index_store.py sits on top.
 
 Locking: `lock` (re-entrant) serialises mutations and reads of the segment set;
 `commit_lock` keeps one save or merge at a time. Methods that change the segment set
@@ -25,18 +25,18 @@ import faiss
 import numpy as np
 
 from . import manifest as mf
-from .augment import DbaIndex
-from .damage import changed_on_disk, with_damaged
+from ._damage import changed_on_disk, with_damaged
+from ._dba import DbaIndex
+from ._field_index import FieldSelection
+from ._items import ItemTable, Row
+from ._journal import Journal, JournalOwner
+from ._leases import Lease
+from ._memory_segment import MemorySegment
+from ._merge_policy import pick_merge
+from ._sealed_segment import SealedSegment
+from ._vectors import VectorIndex, new_faiss_index
 from .errors import DamagedIndexError
-from .fields import FieldSelection
-from .items import ItemTable, Row
-from .journal import Journal, JournalOwner
-from .leases import Lease
-from .memory_segment import MemorySegment
-from .merge import pick_merge
-from .segment import SealedSegment
 from .segment_contract import Segment
-from .vectors import VectorIndex, new_faiss_index
 
 
 class StoreState:
@@ -63,9 +63,9 @@ class StoreState:
         self.dim = dim
         self.factory = factory
         self.gpu = gpu
-        self.dba = dba  # (neighbours, alpha) commits compute DBA vectors with (augment.py)
+        self.dba = dba  # (neighbours, alpha) commits compute DBA vectors with (_dba.py)
         self.dba_index = dba_index  # the committed derived DBA index, when there is one
-        # the metadata paths new segments index for filters (fields.py)
+        # the metadata paths new segments index for filters (_field_index.py)
         self.filter_fields = filter_fields or FieldSelection(None)
         self._template = template  # empty (trained) index new segments start from
         self._model = model
@@ -98,6 +98,28 @@ class StoreState:
         self._trainable = not new_faiss_index(dim, factory).is_trained
 
     # -- what it holds (read-only views) ------------------------------------------------
+
+    @classmethod
+    def of_commit(
+        cls,
+        directory: Path,
+        manifest: mf.Manifest,
+        template: faiss.Index,
+        gpu: str,
+        **parts: Any,
+    ) -> StoreState:
+        """The state of a committed manifest (its factory, dim and model), with the
+        segments and the rest of `parts` as `__init__` takes them."""
+        return cls(
+            directory,
+            factory=manifest.factory,
+            dim=manifest.dim,
+            template=template,
+            gpu=gpu,
+            model=manifest.model,
+            committed=manifest,
+            **parts,
+        )
 
     @property
     def template(self) -> faiss.Index:
@@ -134,8 +156,8 @@ class StoreState:
         return self._format == mf.FORMAT_VERSION
 
     def opened_format(self, version: int) -> None:
-        """The index was opened from a manifest of format `version` (loading.py; format
-        1: upgrade_format1.py)."""
+        """The index was opened from a manifest of format `version` (_loading.py; format
+        1: _upgrade_format1.py)."""
         self._format = version
 
     @property
@@ -338,7 +360,7 @@ class StoreState:
             raise
         self._journal_pending += len(keys)
 
-    # -- opening and creating (loading.py, upgrade.py, upgrade_format1.py) -------------------------
+    # -- opening and creating (_loading.py, upgrade.py, _upgrade_format1.py) ---------------
 
     def replacing(
         self,
@@ -379,7 +401,7 @@ class StoreState:
 
     def upgrade_format(self) -> None:
         """Make the next save write this index in the current format: a format-1 index
-        (its in-memory segment, upgrade_format1.py) is sealed anew; a format-2 one has
+        (its in-memory segment, _upgrade_format1.py) is sealed anew; a format-2 one has
         its segments' columns files written now; with DBA on, the save writes the
         derived DBA index (format 3 kept DBA vectors in segments, left behind)."""
         if self._format == mf.COLUMNLESS_FORMAT_VERSION:
@@ -387,11 +409,11 @@ class StoreState:
                 segment.write_columns()
         elif self._format == mf.UPGRADE_ONLY_FORMAT_VERSION:
             self._quantizer_dirty = self._trainable
-        # every older format: the save computes the derived DBA index (augment.py)
+        # every older format: the save computes the derived DBA index (_dba.py)
         self._format = mf.FORMAT_VERSION
         self._dirty = True
 
-    # -- saving and merging (persist.py; callers hold `lock`) -----------------------------
+    # -- saving and merging (_persist.py; callers hold `lock`) -----------------------------
 
     def freeze_growing(self) -> list[tuple[MemorySegment, int]]:
         """Move the growing segment to the ones being sealed; number every one of them."""

@@ -36,8 +36,8 @@ import numpy as np
 from ..atomic import atomic_path
 from ..rerank import dba_vectors
 from . import manifest as mf
+from ._vectors import exact_top_k
 from .errors import StoreError
-from .vectors import exact_top_k
 
 MAX_DBA_NEIGHBOURS = 64
 _SCAN_ROWS = 65_536  # rows scored per block: bounded memory on a large derived index

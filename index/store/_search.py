@@ -4,7 +4,7 @@ top k) and the labelled items an evaluation ranks.
 Every segment answers its own top k for the queries; the lists are merged by
 descending score, ties by ascending item id (insertion order), exactly as one index
 holding every item would rank them. A filter (filters.py) is evaluated per segment
-and searched as filtering.py plans it (exactly over a small allowed subset, else by
+and searched as _filter_plans.py plans it (exactly over a small allowed subset, else by
 a widened FAISS search with the filter as an ID selector).
 """
 
@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from . import filtering
-from .checks import as_matrix
+from . import _filter_plans as filtering
+from ._memory_segment import hit
+from ._state import StoreState
+from ._vectors import exact_top_k
 from .errors import StoreError
 from .filters import Filter, parse_filter
-from .memory_segment import hit
 from .request import Query, Ranked
 from .segment_contract import Segment
-from .store_state import StoreState
-from .vectors import exact_top_k
+from .validation import as_matrix
 
 
 def as_filter(raw: Filter | Mapping[str, Any] | None, label: str | None) -> Filter | None:
@@ -71,7 +71,7 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
 def _augmented_search(
     state: StoreState, q: np.ndarray, k: int, flt: Filter | None, exclude_keys: Any
 ) -> Ranked:
-    """A search against the derived DBA index (augment.py), which holds the committed
+    """A search against the derived DBA index (_dba.py), which holds the committed
     items: refused when it is missing, of other settings, or the items changed since
     the commit, rather than answering from vectors that are not those items' DBA."""
     with state.lock:

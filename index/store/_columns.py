@@ -1,7 +1,7 @@
 """A sealed segment's columns: its indexed paths' values, one array per path, written
 with the segment and memory-mapped like its vectors.
 
-The field index (fields.py) answers any condition, with an index range scan whose
+The field index (_field_index.py) answers any condition, with an index range scan whose
 cost grows with the items it allows (0.3-0.5 µs an item). A column answers the
 conditions it covers with one vectorised comparison over the path's items (about
 5 ns an item) and gives the ids already sorted. Columns are built when a segment is

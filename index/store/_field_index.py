@@ -15,7 +15,7 @@ stored as SQLite integers and compared exactly, with integer and float bounds al
 A condition on a field the segment did not index (a selection that leaves it out,
 or a segment written before the field index existed) is answered by reading the
 segment's metadata column: correct, and logged once as slower. Which of these, or a
-sealed segment's columns (columns.py), answers a condition is decided in one place:
+sealed segment's columns (_columns.py), answers a condition is decided in one place:
 `filtering.leaf_ids`.
 """
 

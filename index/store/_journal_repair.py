@@ -16,9 +16,9 @@ import json
 import os
 from pathlib import Path
 
-from .checks import checked_items
+from ._journal import Journal, JournalEntry, JournalOwner
 from .errors import StoreError
-from .journal import Journal, JournalEntry, JournalOwner
+from .validation import checked_items
 
 REJECTED_FILE = "journal.rejected.jsonl"
 REPAIR_COMMAND = "vitrieval-index verify --repair"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import manifest as mf
-from .store_state import StoreState
+from ._state import StoreState
 
 
 def store_info(state: StoreState) -> dict[str, Any]:

@@ -6,10 +6,10 @@ import json
 import threading
 
 from . import manifest as mf
-from .checks import key_problem
+from ._state import StoreState
 from .errors import ScrubStopped, StoreError
 from .filters import find_outside_int64
-from .store_state import StoreState
+from .validation import key_problem
 
 
 def verify_store(state: StoreState) -> None:

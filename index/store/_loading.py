@@ -15,16 +15,16 @@ from typing import Any, Protocol, TypeVar
 
 from ..runtime.model_metadata import ModelMetadataError, read_model_metadata
 from . import manifest as mf
-from .augment import DbaIndex
+from ._dba import DbaIndex
+from ._field_index import FieldSelection, check_field_paths
+from ._journal import JOURNAL_FILE, JOURNAL_LOCK_FILE, Journal, JournalOwner
+from ._journal_repair import row_problem, unappliable_row
+from ._leases import Lease
+from ._persist import TUNABLE_PARAMS, committed_files
+from ._sealed_segment import SealedSegment
+from ._state import StoreState
+from ._vectors import VectorIndex, check_gpu_mode, new_faiss_index, start_template
 from .errors import FolderNotEmptyError, StoreError
-from .fields import FieldSelection, check_field_paths
-from .journal import JOURNAL_FILE, JOURNAL_LOCK_FILE, Journal, JournalOwner
-from .journal_repair import row_problem, unappliable_row
-from .leases import Lease
-from .persist import TUNABLE_PARAMS, committed_files
-from .segment import SealedSegment
-from .store_state import StoreState
-from .vectors import VectorIndex, check_gpu_mode, new_faiss_index, start_template
 
 logger = logging.getLogger(__name__)
 # a writer committing meanwhile can remove files this open was about to map; each try
@@ -97,7 +97,7 @@ class MovedOn(StoreError):
 
 def load(directory: Path, manifest: mf.Manifest, gpu: str) -> StoreState:
     # the lease first, then the check that the generation is still the committed one:
-    # every commit after that check sees the lease and keeps these files (leases.py)
+    # every commit after that check sees the lease and keeps these files (_leases.py)
     lease = Lease.take(directory, manifest.generation, committed_files(manifest))
     try:
         if mf.committed_generation(directory) != manifest.generation:
@@ -130,14 +130,11 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
         for segment in sealed:
             segment.close()
         raise
-    state = StoreState(
+    state = StoreState.of_commit(
         directory,
-        factory=manifest.factory,
-        dim=manifest.dim,
-        template=template,
-        gpu=gpu,
-        model=manifest.model,
-        committed=manifest,
+        manifest,
+        template,
+        gpu,
         sealed=sealed,
         filter_fields=FieldSelection(manifest.filter_fields),
         dba=manifest.dba,
