@@ -256,9 +256,11 @@ q = np.load(sys.argv[2])[:1]
 t0 = time.perf_counter()
 store.search(q, 10)
 first = time.perf_counter() - t0
+rss = mem()[0]
+segments = len(store.info()["segments"])
 print(json.dumps({"import_s": imported, "open_s": open_s, "rss_before_open_mb": before,
                   "rss_after_open_mb": after, "first_search_ms": 1e3 * first,
-                  "rss_after_first_search_mb": mem()[0], "segments": len(store._sealed)}))
+                  "rss_after_first_search_mb": rss, "segments": segments}))
 """
 )
 
@@ -275,7 +277,7 @@ store.add([f"{i:010d}" for i in range(start, start + count)], adds[:count])
 t2 = time.perf_counter()
 store.save()
 t3 = time.perf_counter()
-segments = len(store._sealed)
+segments = len(store.info()["segments"])
 store.close()
 print(json.dumps({"open_s": t1 - t0, "add_s": t2 - t1, "save_s": t3 - t2, "total_s": t3 - t0,
                   "segments": segments}))
@@ -377,7 +379,7 @@ def bench_vitrieval(name: str, factory: str, data: dict[str, Any], work: Path, n
 
     store = IndexStore.open(index)
     row["search_params"] = store.search_params()
-    row["segments_searched"] = len(store._sealed)
+    row["segments_searched"] = len(store.info()["segments"])
     q = data["queries"]
     for i in range(min(5, len(q))):  # warm-up
         store.search(q[i : i + 1], K)
@@ -397,7 +399,7 @@ def bench_vitrieval(name: str, factory: str, data: dict[str, Any], work: Path, n
         store.add([key_of(base + j)], during_x[j : j + 1])
         add_idle.append(1e3 * (time.perf_counter() - t0))
     store.save()  # those 100 adds: a segment more, so that the merge always has work
-    row["segments_merged_under_search"] = len(store._sealed)
+    row["segments_merged_under_search"] = len(store.info()["segments"])
 
     merged: dict[str, float] = {}
     done = threading.Event()

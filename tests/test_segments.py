@@ -519,3 +519,35 @@ def test_a_crash_after_the_commit_never_replays_what_it_holds(tmp_path: Path, mo
     fresh.close()
     monkeypatch.undo()
     assert IndexStore.open(tmp_path / "idx").keys() == ["new0"]
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat"])
+def test_exact_vectors_of_a_segment_with_and_without_gaps_in_its_ids(
+    tmp_path: Path, factory: str
+) -> None:
+    """A segment sealed from one run of adds holds one unbroken id range (rows found by
+    arithmetic); a merge over removed items leaves gaps (rows found by search). Both
+    give every asked item that the segment holds, with its stored vector, in order."""
+    x = unit_vectors(np.random.default_rng(11), 300, 8)
+    store = IndexStore.create(tmp_path / "idx", dim=8, factory=factory)
+    if store.needs_training():
+        store.train(x)
+    store.add([str(i) for i in range(200)], x[:200])
+    store.save()
+    (whole,) = store._state.sealed
+    asked = np.array([-5, 0, 3, 3, 199, 200, 250], dtype=np.int64)
+    found, vectors = whole.exact_vectors(asked)
+    assert found.tolist() == [0, 3, 3, 199]
+    np.testing.assert_array_equal(vectors, x[[0, 3, 3, 199]])
+
+    store.remove([str(i) for i in range(0, 200, 3)])
+    store.add([str(i) for i in range(200, 300)], x[200:])
+    store.save()
+    store.merge(everything=True)
+    (merged,) = store._state.sealed
+    ids = np.arange(-2, 305, dtype=np.int64)
+    found, vectors = merged.exact_vectors(ids)
+    kept = [i for i in range(300) if i >= 200 or i % 3]
+    assert found.tolist() == kept  # item ids are the order of the adds here
+    np.testing.assert_array_equal(vectors, x[kept])
+    store.close()

@@ -166,7 +166,9 @@ class SealedSegment:
             raise StoreError(f"{path} is not a readable vectors file: {exc}") from None
         if raw.shape != (self.entry.rows, self.dim) or raw.dtype != np.dtype("<f4"):
             raise StoreError(f"{path} holds {raw.shape} {raw.dtype}; expected float32 vectors")
-        return raw
+        # a plain ndarray over the mapping (it keeps the map alive): numpy's memmap
+        # subclass adds its own overhead to every row gather of an exact search
+        return np.asarray(raw)
 
     def _read_tombstones(self) -> set[int]:
         tomb = self.entry.tombstones
@@ -289,15 +291,26 @@ class SealedSegment:
         self.columns = cl.read_columns(self.directory / name)
 
     def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
-        raw = self._raw
+        """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
+        (sorted int64)."""
+        row_ids = self._rows_in_order()
+        first = int(row_ids[0]) if row_ids.size else 0
+        if row_ids.size and int(row_ids[-1]) - first + 1 == row_ids.size:
+            # one unbroken id range (a segment sealed from one run of adds, the usual
+            # case): an item's row is its id less the first, no search over the rows
+            found = ids[(ids >= first) & (ids < first + row_ids.size)]
+            positions = found - first
+        else:
+            found = ids[contains(row_ids, ids)]
+            positions = np.searchsorted(row_ids, found)
+        return found, np.asarray(self._raw[positions], dtype=np.float32).reshape(-1, self.dim)
+
+    def _rows_in_order(self) -> np.ndarray:
+        """Item ids in row order (sorted: rows are in id order), read once (8 B a row)."""
         if self._row_ids is None:
-            # rows are in id order: an item's row is its id's rank (8 bytes a row, once)
             rows = self._db.execute("SELECT id FROM items ORDER BY row")
             self._row_ids = np.fromiter((i for (i,) in rows), dtype=np.int64)
-        found = ids[contains(self._row_ids, ids)]
-        positions = np.searchsorted(self._row_ids, found)
-        return found, np.asarray(raw[positions], dtype=np.float32).reshape(-1, self.dim)
+        return self._row_ids
 
     def dead_ids(self) -> np.ndarray:
         dead = self.tombstones
