@@ -241,3 +241,20 @@ def test_a_format_3_index_with_dba_in_its_segments_upgrades(tmp_path: Path) -> N
     with IndexStore.open(directory, journal=True, verify=True) as new:
         assert new.info()["format_version"] == 4
         assert_augmented_is_naive(new, {str(i): x[i] for i in range(120)}, queries, 2, 3.0)
+
+
+def test_committed_ids_are_the_committed_live_items_without_their_vectors(tmp_path: Path):
+    """What a commit compares the derived DBA index against, read without vectors."""
+    x = unit_vectors(np.random.default_rng(4), 60, 8)
+    store = IndexStore.create(tmp_path / "idx", dim=8)
+    store.add([str(i) for i in range(40)], x[:40])
+    store.save()
+    store.remove(["1", "7", "30"])
+    store.add([str(i) for i in range(40, 60)], x[40:])
+    store.save()
+    store.remove(["45"])  # not committed: still counted
+    state = store._state
+    expected = np.sort(np.concatenate([ids for ids, _ in state.committed_live()]))
+    np.testing.assert_array_equal(state.committed_ids(), expected)
+    assert state.committed_ids().size == 57
+    store.close()

@@ -136,9 +136,3 @@ def compute_and_write(
                 np.save(fh, array)
             written.append(mf.NamedFile(name, mf.sha256_file(tmp)))
     return mf.DbaEntry(neighbours, alpha, generation, len(ids), written[0], written[1])
-
-
-def live_ids(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Sorted ids of the (ids, vectors) batches."""
-    ids = [p[0] for p in batches]
-    return np.sort(np.concatenate([*ids, np.empty(0, np.int64)]).astype(np.int64))

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from . import manifest as mf
-from ._dba import DbaIndex, compute_and_write, live_ids
+from ._dba import DbaIndex, compute_and_write
 from ._journal import JournalOwner
 from ._leases import Lease, leased_files
 from ._memory_segment import MemorySegment
@@ -233,7 +233,7 @@ def _derived_dba(state: StoreState, generation: int) -> DbaIndex | None:
     if (
         current is not None
         and current.settings == state.dba
-        and np.array_equal(current.ids, live_ids(state.committed_live()))
+        and np.array_equal(current.ids, state.committed_ids())
     ):
         return current
     entry = compute_and_write(

@@ -293,7 +293,7 @@ class SealedSegment:
     def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
         (sorted int64)."""
-        row_ids = self._rows_in_order()
+        row_ids = self.row_ids()
         first = int(row_ids[0]) if row_ids.size else 0
         if row_ids.size and int(row_ids[-1]) - first + 1 == row_ids.size:
             # one unbroken id range (a segment sealed from one run of adds, the usual
@@ -305,8 +305,9 @@ class SealedSegment:
             positions = np.searchsorted(row_ids, found)
         return found, np.asarray(self._raw[positions], dtype=np.float32).reshape(-1, self.dim)
 
-    def _rows_in_order(self) -> np.ndarray:
-        """Item ids in row order (sorted: rows are in id order), read once (8 B a row)."""
+    def row_ids(self) -> np.ndarray:
+        """Item ids in row order (sorted: rows are in id order, tombstoned ones too),
+        read once (8 B a row)."""
         if self._row_ids is None:
             rows = self._db.execute("SELECT id FROM items ORDER BY row")
             self._row_ids = np.fromiter((i for (i,) in rows), dtype=np.int64)

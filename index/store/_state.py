@@ -478,6 +478,16 @@ class StoreState:
             for rows, vectors in segment.live_rows(dead=dead):
                 yield np.fromiter((r[0] for r in rows), np.int64, len(rows)), vectors
 
+    def committed_ids(self) -> np.ndarray:
+        """Sorted ids of the items the sealed segments commit: `committed_live`'s ids,
+        without reading a vector."""
+        parts = [np.empty(0, np.int64)]
+        for segment in self._sealed:
+            ids = segment.row_ids()
+            dead = np.fromiter(sorted(segment.committed_tombstones), np.int64)
+            parts.append(ids[~np.isin(ids, dead, assume_unique=True)] if dead.size else ids)
+        return np.sort(np.concatenate(parts))
+
     def record_commit(
         self, manifest: mf.Manifest, lease: Lease | None, dba_index: DbaIndex | None
     ) -> None:
