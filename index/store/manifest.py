@@ -347,12 +347,7 @@ def read_manifest(directory: Path) -> Manifest:
 def stored_format_version(directory: Path) -> int | None:
     """The format_version DIR/manifest.json states (None: none readable); the upgrade
     picks its converter by it, before anything is parsed."""
-    try:
-        data = read_manifest_json(directory)
-    except StoreError:
-        return None
-    version = data.get("format_version") if isinstance(data, dict) else None
-    return version if isinstance(version, int) and not isinstance(version, bool) else None
+    return _stated_integer(directory, "format_version")
 
 
 def committed_generation(directory: Path) -> int | None:
@@ -360,13 +355,19 @@ def committed_generation(directory: Path) -> int | None:
 
     Lenient on purpose: used only to detect another writer, never to load.
     """
+    # read, not parsed: a format-1 manifest the upgrade replaces counts as well
+    return _stated_integer(directory, "generation")
+
+
+def _stated_integer(directory: Path, name: str) -> int | None:
+    """The integer field `name` of DIR/manifest.json as written, unparsed (None when
+    the file is unreadable or the field is not an integer)."""
     try:
         data = read_manifest_json(directory)
     except StoreError:
         return None
-    # read, not parsed: a format-1 manifest the upgrade replaces counts as well
-    generation = data.get("generation") if isinstance(data, dict) else None
-    return generation if isinstance(generation, int) and not isinstance(generation, bool) else None
+    value = data.get(name) if isinstance(data, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
