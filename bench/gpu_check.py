@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gpu import BATCH, NUM_CLASSES, cuda_time, machine, recall, table, train_case
+from gpu import BATCH, NUM_CLASSES, cuda_time, images_per_s, machine, recall, table, train_case
 
 PARTS = ("tests", "train", "methods", "embed", "batching", "search")
 REPO = Path(__file__).resolve().parent.parent
@@ -281,13 +281,9 @@ def _embed_setup(s: Settings, folder: Path) -> tuple[Any, dict[str, TorchEmbedde
 
 
 def rate(run: Callable[[np.ndarray], Any], batch: np.ndarray, seconds: float) -> float:
-    """Images per second of run(batch) over >= 3 calls and `seconds` (after one warm-up)."""
+    """bench/gpu.py's `images_per_s`, after one untimed call (kernels, workspace)."""
     run(batch)
-    calls, start = 0, time.perf_counter()
-    while calls < 3 or time.perf_counter() - start < seconds:
-        run(batch)
-        calls += 1
-    return calls * len(batch) / (time.perf_counter() - start)
+    return images_per_s(run, batch, seconds)
 
 
 def embed_part(s: Settings, out: Path) -> dict[str, Any]:
