@@ -20,8 +20,9 @@ FROM python:${PYTHON_VERSION}-slim AS builder
 # the GPU FAISS wheel: faiss-gpu (Meta's, CUDA 12 from pip, compute capability 7.0-9.0)
 ARG FAISS_GPU=faiss-gpu
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY docker/requirements.py docker/requirements.py
+COPY vitrieval vitrieval
 COPY index index
 COPY service service
 COPY training training
@@ -54,7 +55,7 @@ COPY --from=builder /dist /tmp/dist
 RUN pip install --only-binary=:all: -r /tmp/dist/serve-${RUNTIME}.txt \
  && pip install --no-deps /tmp/dist/vitrieval-*.whl \
  && rm -rf /tmp/dist \
- && python -c "import importlib.util as u, faiss, onnxruntime, index.store, service.app; \
+ && python -c "import importlib.util as u, faiss, onnxruntime, vitrieval.index.store, vitrieval.service.app; \
 assert u.find_spec('torch') is None, 'torch must not be in the serving image'" \
  && vitrieval-serve --help > /dev/null \
  && useradd --system --uid 10001 --user-group --create-home --shell /usr/sbin/nologin vitrieval \

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.store import IndexStore
+from vitrieval.index.store import IndexStore
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:

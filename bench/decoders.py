@@ -48,8 +48,8 @@ from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from PIL import Image
 from skimage import data as skdata
 
-from index.runtime import vips_decode
-from index.runtime.images import open_image
+from vitrieval.index.runtime import vips_decode
+from vitrieval.index.runtime.images import open_image
 
 FORMATS = {"PNG": {}, "WEBP": {"quality": 90}, "JPEG": {"quality": 90}}
 RESIZES = (248, 64)  # the preprocessing's resize size: ViT-S/16 at 224 px, a 64 px preset
@@ -124,7 +124,7 @@ RSS_CHILD = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
 from decoders import decode
-from index.runtime import vips_decode
+from vitrieval.index.runtime import vips_decode
 vips_decode.active_decoder(); import pyvips; pyvips.Image.black(8, 8).numpy()
 def status(field):
     with open("/proc/self/status") as f:

@@ -129,11 +129,11 @@ def _run(command: list[str], log: Path) -> float:
 
 def random_init_run(run: Path, seed: int, args: argparse.Namespace) -> None:
     """A run folder holding the encoder as every pretraining of `seed` starts it."""
-    from training.checkpoint import save_tensors
-    from training.epochs import seed_everything
-    from training.pretrain import build_pretrain_model
-    from training.pretrain_config import PretrainConfig
-    from training.run_folder import CONFIG_FILE, RUN_MODEL_FILE
+    from vitrieval.training.checkpoint import save_tensors
+    from vitrieval.training.epochs import seed_everything
+    from vitrieval.training.pretrain import build_pretrain_model
+    from vitrieval.training.pretrain_config import PretrainConfig
+    from vitrieval.training.run_folder import CONFIG_FILE, RUN_MODEL_FILE
 
     cfg = PretrainConfig(
         out=str(run), images=str(args.catalogue), backbone=args.preset, seed=seed

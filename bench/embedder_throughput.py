@@ -33,12 +33,12 @@ from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from serve_load import write_photos  # photo crops, shared with the load benchmark
 from timm.data import create_transform
 
-from index.runtime.embedder import Embedder
-from index.runtime.images import open_image
-from index.runtime.preprocess import Preprocessor
-from training.config import FitConfig
-from training.export import export_model, model_metadata
-from training.model import build_model
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.images import open_image
+from vitrieval.index.runtime.preprocess import Preprocessor
+from vitrieval.training.config import FitConfig
+from vitrieval.training.export import export_model, model_metadata
+from vitrieval.training.model import build_model
 
 
 def main() -> None:

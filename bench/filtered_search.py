@@ -80,11 +80,11 @@ import faiss
 import numpy as np
 from machine import cpu_model, git, load_average  # bench/machine.py (scripts run from bench/)
 
-from index.store import IndexStore
-from index.store import _filter_plans as filtering
-from index.store._search import allowed_in
-from index.store._vectors import capped
-from index.store.filters import parse_filter
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store import _filter_plans as filtering
+from vitrieval.index.store._search import allowed_in
+from vitrieval.index.store._vectors import capped
+from vitrieval.index.store.filters import parse_filter
 
 K = 10
 SEED = 20240611

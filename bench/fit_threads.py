@@ -61,7 +61,7 @@ def run_fit(threads: str, passive: bool, epochs: int) -> dict:
         env.pop("OMP_WAIT_POLICY", None)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        command = [sys.executable, "-m", "training.cli", "fit", "--dataset", "digits"]
+        command = [sys.executable, "-m", "vitrieval.training.cli", "fit", "--dataset", "digits"]
         command += ["--preset", "tiny", "--epochs", str(epochs), "--threads", threads]
         command += ["--out", str(out)]
         load = load_average().split()[0]

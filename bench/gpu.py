@@ -167,8 +167,8 @@ def train_case(
     device_name: str = "cuda",
 ) -> dict[str, Any]:
     """FP32 and AMP steps of one model, interleaved over rounds (median per step)."""
-    from training.losses import create_loss
-    from training.model import build_model
+    from vitrieval.training.losses import create_loss
+    from vitrieval.training.model import build_model
 
     device = torch.device(device_name)
     torch.manual_seed(0)
@@ -233,9 +233,9 @@ def export_models(folder: Path) -> dict[str, dict[str, Path]]:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from training.config import FitConfig
-    from training.export import export_model, model_metadata
-    from training.model import build_model
+    from vitrieval.training.config import FitConfig
+    from vitrieval.training.export import export_model, model_metadata
+    from vitrieval.training.model import build_model
 
     paths = {}
     for backbone in MODELS:
@@ -250,7 +250,7 @@ def export_models(folder: Path) -> dict[str, dict[str, Path]]:
 
 
 def embed_section(args: argparse.Namespace, device: str = "cuda") -> list[dict[str, Any]]:
-    from index.runtime.embedder import Embedder
+    from vitrieval.index.runtime.embedder import Embedder
 
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:  # pip-installed CUDA / cuDNN (onnxruntime-gpu[cuda,cudnn])

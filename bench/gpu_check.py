@@ -133,11 +133,11 @@ def train_part(s: Settings, out: Path) -> dict[str, Any]:
 
 def method_steps(s: Settings) -> dict[str, Callable[[], tuple[torch.nn.Module, Callable]]]:
     """name -> () -> (module holding every trained parameter, loss of one batch)."""
-    from training.lacvit import ProjectionHead
-    from training.losses import SupConLoss, create_loss
-    from training.model import build_model
-    from training.pretrain import Objective, build_pretrain_model
-    from training.pretrain_config import PretrainConfig
+    from vitrieval.training.lacvit import ProjectionHead
+    from vitrieval.training.losses import SupConLoss, create_loss
+    from vitrieval.training.model import build_model
+    from vitrieval.training.pretrain import Objective, build_pretrain_model
+    from vitrieval.training.pretrain_config import PretrainConfig
 
     dev, b = s.device, s.batch
 
@@ -173,7 +173,7 @@ def method_steps(s: Settings) -> dict[str, Callable[[], tuple[torch.nn.Module, C
 
 
 def methods_part(s: Settings, out: Path) -> dict[str, Any]:
-    from training.amp import MixedPrecision
+    from vitrieval.training.amp import MixedPrecision
 
     rows = []
     for name, make in method_steps(s).items():
@@ -260,10 +260,10 @@ def embed_setup(s: Settings) -> tuple[Any, dict[str, TorchEmbedder], np.ndarray]
 
 
 def _embed_setup(s: Settings, folder: Path) -> tuple[Any, dict[str, TorchEmbedder], np.ndarray]:
-    from index.runtime.embedder import Embedder
-    from training.config import FitConfig
-    from training.export import export_model, model_metadata
-    from training.model import build_model
+    from vitrieval.index.runtime.embedder import Embedder
+    from vitrieval.training.config import FitConfig
+    from vitrieval.training.export import export_model, model_metadata
+    from vitrieval.training.model import build_model
 
     torch.manual_seed(0)
     model = build_model(s.vit, "ggem").eval()
@@ -331,7 +331,7 @@ async def _callers(batcher: Any, images: np.ndarray, requests: int) -> float:
 
 
 def batching_part(s: Settings, out: Path) -> dict[str, Any]:
-    from service.batching import DynamicBatcher
+    from vitrieval.service.batching import DynamicBatcher
 
     _, gpus, prepared = embed_setup(s)
     run = gpus["bf16"]

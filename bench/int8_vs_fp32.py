@@ -1,7 +1,8 @@
 """INT8 dynamic quantisation against FP32: embedding speed and retrieval quality on digits.
 
 Takes an exported FP32 model (a digits run: `vitrieval-train export --run RUN --out M.onnx`),
-quantises it with `index.runtime.quantize.quantize_model`, then, for both models in one run:
+quantises it with `vitrieval.index.runtime.quantize.quantize_model`, then, for both models in one
+run:
 embeds the digits held-out split (539 images, in memory, so the model dominates),
 interleaved over rounds (median img/s), and scores leave-one-out retrieval on it.
 
@@ -16,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from index.evaluation.datasets import load_dataset
-from index.evaluation.metrics import retrieval_metrics
-from index.runtime.embedder import Embedder
-from index.runtime.quantize import quantize_model
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.evaluation.metrics import retrieval_metrics
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.quantize import quantize_model
 
 
 def main() -> None:

@@ -60,7 +60,7 @@ def train(method: str, seed: int, args: argparse.Namespace) -> dict:
     command = [
         sys.executable,
         "-m",
-        "training.cli",
+        "vitrieval.training.cli",
         "fit",
         "--method",
         method,
@@ -115,7 +115,7 @@ def analyze(args: argparse.Namespace, seed: int) -> None:
     command = [
         sys.executable,
         "-m",
-        "training.cli",
+        "vitrieval.training.cli",
         "analyze",
         "--model",
         str(out / f"lacvit-s{seed}" / "initial.safetensors"),

@@ -39,8 +39,8 @@ import faiss
 import numpy as np
 
 from bench.machine import cpu_model, git, load_average
-from index.store import IndexStore
-from service.maintenance import MERGE_NICE, default_merge_threads, pace_this_thread
+from vitrieval.index.store import IndexStore
+from vitrieval.service.maintenance import MERGE_NICE, default_merge_threads, pace_this_thread
 
 K = 10
 ADD_BATCH = 50_000

@@ -3,7 +3,8 @@
 What is measured, per pooling (cls, avg, max, gem, ggem by default), on one backbone preset:
 
 - a full training step: forward, norm-softmax loss (10 classes), zero_grad, backward,
-  clip_grad_norm_(1.0) and an AdamW step over `training.optim.param_groups`, on one batch of
+  clip_grad_norm_(1.0) and an AdamW step over `vitrieval.training.optim.param_groups`, on one batch
+  of
   random images and labels created once and shared by every pooling;
 - the pooling layer alone: forward + backward on random tokens of the backbone's output shape
   (B, P + T, D) with its P prefix tokens, so the pooling's own share of the step is visible.
@@ -33,11 +34,11 @@ from typing import Any
 import torch
 from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 
-from training.backbones import PRESETS
-from training.losses import create_loss
-from training.model import build_model
-from training.optim import param_groups
-from training.pooling import pooling_names
+from vitrieval.training.backbones import PRESETS
+from vitrieval.training.losses import create_loss
+from vitrieval.training.model import build_model
+from vitrieval.training.optim import param_groups
+from vitrieval.training.pooling import pooling_names
 
 NUM_CLASSES = 10
 COLUMNS = ("pool", "median step ms", "min step ms", "img/s", "ratio vs avg")

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import cpu_model, git, load_average
-from index.store import IndexStore
-from index.store import _field_index as fx
-from index.store._columns import write_columns
-from index.store.filters import parse_filter
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store import _field_index as fx
+from vitrieval.index.store._columns import write_columns
+from vitrieval.index.store.filters import parse_filter
 
 SHARES = (0.01, 0.1, 0.5, 1.0)
 

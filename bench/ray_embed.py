@@ -5,13 +5,15 @@ The files are photo-like JPEGs (crops of the photos scikit-image ships, resized 
 --size px). The model is the `small` preset exported by `vitrieval-train export
 --init-only` (64 px input), and with `--vits N` also timm's vit_small_patch16_224 (224
 px, random weights: as fast as trained ones) on the first N files. Every
-configuration writes the same embeddings folder (`index.pipeline.embed_folder`'s parts, --part-size
+configuration writes the same embeddings folder (`vitrieval.index.pipeline.embed_folder`'s parts,
+--part-size
 images each) from scratch, checked against the single-process one (max abs
 difference of the vectors).
 
-- `single process`: `index.pipeline.embed_folder.embed_to_folder` with the Embedder's defaults (ONNX
+- `single process`: `vitrieval.index.pipeline.embed_folder.embed_to_folder` with the Embedder's
+defaults (ONNX
   Runtime on every core, min(4, cores) decoding threads);
-- `ray, N actor(s)`: `distributed.embed.embed_on_ray` on a local Ray cluster started
+- `ray, N actor(s)`: `vitrieval.distributed.embed.embed_on_ray` on a local Ray cluster started
   once beforehand (its start-up is reported on its own line), N actors of cores // N
   threads each. The time includes starting the actors (each loads the model), which
   every `embed --ray` pays once.
@@ -48,10 +50,10 @@ import pyarrow.parquet as pq
 from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from serve_load import write_photos  # photo crops, shared with the load benchmark
 
-from distributed.embed import embed_on_ray
-from index.pipeline.embed_folder import embed_to_folder
-from index.pipeline.sources import read_sources
-from index.runtime.embedder import Embedder
+from vitrieval.distributed.embed import embed_on_ray
+from vitrieval.index.pipeline.embed_folder import embed_to_folder
+from vitrieval.index.pipeline.sources import read_sources
+from vitrieval.index.runtime.embedder import Embedder
 
 TRAIN = Path(sys.executable).parent / "vitrieval-train"
 

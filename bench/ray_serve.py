@@ -48,7 +48,7 @@ class RayServer(Server):
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.command = [
-            sys.executable, "-m", "service.cli", "--ray", "local",
+            sys.executable, "-m", "vitrieval.service.cli", "--ray", "local",
             "--model", str(model), "--index", str(index),
             "--host", HOST, "--port", str(self.port), "--read-only", "--log-level", "warning",
         ]  # fmt: skip

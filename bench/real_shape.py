@@ -56,19 +56,19 @@ from PIL import Image
 from skimage import data as skdata
 from timm.data import create_transform
 
-from index.evaluation.datasets import load_dataset
-from index.evaluation.metrics import retrieval_metrics
-from index.runtime.embedder import Embedder
-from index.runtime.images import open_image
-from index.runtime.model_metadata import read_model_metadata
-from index.runtime.optimize import optimize_model
-from index.runtime.preprocess import Preprocessor
-from index.runtime.quantize import quantize_model
-from training.cli import main as train_cli
-from training.config import FitConfig
-from training.export import init_only_model
-from training.flops import model_flops
-from training.model import weights_fingerprint
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.evaluation.metrics import retrieval_metrics
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.images import open_image
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.runtime.optimize import optimize_model
+from vitrieval.index.runtime.preprocess import Preprocessor
+from vitrieval.index.runtime.quantize import quantize_model
+from vitrieval.training.cli import main as train_cli
+from vitrieval.training.config import FitConfig
+from vitrieval.training.export import init_only_model
+from vitrieval.training.flops import model_flops
+from vitrieval.training.model import weights_fingerprint
 
 PHOTOS = (
     "astronaut",

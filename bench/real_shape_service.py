@@ -56,15 +56,15 @@ from real_shape import write_catalogue
 from serve_http import Server, machine_busy_seconds
 from serve_load import run_cell
 
-from index.pipeline.build_index import build_index
-from index.pipeline.sources import walk_images
-from index.runtime.embedder import Embedder
-from index.runtime.images import open_image
-from index.runtime.model_metadata import read_model_metadata
-from index.runtime.optimize import optimize_model
-from index.runtime.preprocess import Preprocessor
-from index.runtime.quantize import quantize_model
-from training.cli import main as train_cli
+from vitrieval.index.pipeline.build_index import build_index
+from vitrieval.index.pipeline.sources import walk_images
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.images import open_image
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.runtime.optimize import optimize_model
+from vitrieval.index.runtime.preprocess import Preprocessor
+from vitrieval.index.runtime.quantize import quantize_model
+from vitrieval.training.cli import main as train_cli
 
 SERVER_LAYOUTS: dict[str, tuple[list[str], Callable[[int], dict[str, str]]]] = {
     # name -> (vitrieval-serve flags, environment for T cores)

@@ -7,13 +7,13 @@ differ only by the paper's factorisation (eq. 10 against eq. 13):
 - parameters of the pooling head, and of its factorised part (C-CBP: U, V, 2NdD;
   JCF: U~, V~, A, B, 2(RdD + NR));
 - forward FLOPs per image of the head and of the whole model, analytic
-  (`training/flops.py`) and counted ("profiler") by `training.flops.counted_flops` (the
+  (`training/flops.py`) and counted ("profiler") by `vitrieval.training.flops.counted_flops` (the
   matrix products torch dispatches, FlopCounterMode's convention, attention on its math
   backend so that every torch version counts it alike), with their ratio (1.000 when the
   formula counts what runs); and the counted FLOPs of a training pass (forward + backward)
   per image;
 - time: a full training step of the whole model (forward, Norm-softmax over 10 classes,
-  zero_grad, backward, clip_grad_norm_(1.0), AdamW over `training.optim.param_groups`) on
+  zero_grad, backward, clip_grad_norm_(1.0), AdamW over `vitrieval.training.optim.param_groups`) on
   one batch of random images shared by every pooling; the head alone (forward + backward
   on random tokens of the backbone's shape); and the factorised part alone (eq. 10 or 13
   on fixed local features x and assignments h, forward + backward);
@@ -47,13 +47,13 @@ import torch
 from machine import cpu_model  # bench/machine.py (scripts run from bench/)
 from torch.profiler import ProfilerActivity, profile
 
-from training.backbones import PRESETS
-from training.flops import counted_flops, model_flops, pooling_flops
-from training.losses import create_loss
-from training.model import build_model
-from training.optim import param_groups
-from training.pooling import pooling_names
-from training.pooling.ccbp import CodebookPooling
+from vitrieval.training.backbones import PRESETS
+from vitrieval.training.flops import counted_flops, model_flops, pooling_flops
+from vitrieval.training.losses import create_loss
+from vitrieval.training.model import build_model
+from vitrieval.training.optim import param_groups
+from vitrieval.training.pooling import pooling_names
+from vitrieval.training.pooling.ccbp import CodebookPooling
 
 NUM_CLASSES = 10
 SEED = 0

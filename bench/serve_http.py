@@ -70,7 +70,7 @@ class Server:
         command = [
             sys.executable,
             "-m",
-            "service.cli",
+            "vitrieval.service.cli",
             "--model",
             str(model),
             "--index",

@@ -85,13 +85,13 @@ def build_throwaway(folder: Path, gallery: int) -> tuple[Path, Path]:
     held-out digits (64 px PNG files) embedded with it."""
     import torch
 
-    from index.evaluation.datasets import csv_list, load_dataset
-    from index.pipeline.build_index import build_index
-    from index.pipeline.sources import write_image_folder
-    from index.runtime.embedder import Embedder
-    from training.config import FitConfig
-    from training.export import export_model, model_metadata
-    from training.model import build_model
+    from vitrieval.index.evaluation.datasets import csv_list, load_dataset
+    from vitrieval.index.pipeline.build_index import build_index
+    from vitrieval.index.pipeline.sources import write_image_folder
+    from vitrieval.index.runtime.embedder import Embedder
+    from vitrieval.training.config import FitConfig
+    from vitrieval.training.export import export_model, model_metadata
+    from vitrieval.training.model import build_model
 
     torch.manual_seed(0)
     model = build_model("small", "ggem").eval()

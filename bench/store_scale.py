@@ -140,7 +140,7 @@ def write_model(path: Path) -> str:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from index.runtime.model_metadata import ModelMetadata
+    from vitrieval.index.runtime.model_metadata import ModelMetadata
 
     w = np.random.default_rng(7).standard_normal((3 * 16 * 16, D)).astype(np.float32)
     graph = helper.make_graph(
@@ -180,7 +180,7 @@ def write_data(work: Path, n: int, queries: int, milvus: bool) -> dict[str, Any]
     and with the 1,001 vectors the benchmark adds)."""
     from PIL import Image
 
-    from index.pipeline.embeddings_folder import META_FILE, part_name, write_part
+    from vitrieval.index.pipeline.embeddings_folder import META_FILE, part_name, write_part
 
     t0 = time.perf_counter()
     emb = work / "emb"
@@ -245,7 +245,7 @@ CHILD_OPEN = (
 import json, sys, time
 t0 = time.perf_counter()
 import numpy as np
-from index.store import IndexStore
+from vitrieval.index.store import IndexStore
 imported = time.perf_counter() - t0
 before = mem()[0]
 t0 = time.perf_counter()
@@ -267,7 +267,7 @@ print(json.dumps({"import_s": imported, "open_s": open_s, "rss_before_open_mb": 
 CHILD_SAVE = """
 import json, sys, time
 import numpy as np
-from index.store import IndexStore
+from vitrieval.index.store import IndexStore
 directory, adds = sys.argv[1], np.load(sys.argv[2])
 start, count = int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
@@ -300,7 +300,7 @@ def py_child(code: str, *args: str) -> tuple[dict[str, Any], float]:
 
 def cli() -> list[str]:
     script = Path(sys.executable).with_name("vitrieval-index")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "index.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "vitrieval.index.cli"]
 
 
 def timed_cli(args: list[str], log: Path) -> tuple[float, int, str]:
@@ -334,7 +334,7 @@ def recall(found: list[list[int]], exact: np.ndarray) -> float:
 
 
 def bench_vitrieval(name: str, factory: str, data: dict[str, Any], work: Path, n: int) -> Row:
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     index = work / f"index-{name}"
     log = work / f"{name}.log"

@@ -1,7 +1,7 @@
 """The web page's thumbnails of large WebP and PNG files: Pillow against libvips.
 
 The page asks for one thumbnail per hit (`GET /v1/items/{key}/thumbnail`, 160 px); the
-server makes each in a worker thread with `service.routers.items.thumbnail_jpeg`
+server makes each in a worker thread with `vitrieval.service.routers.items.thumbnail_jpeg`
 (`open_image` with a 160 px draft, then Pillow's thumbnail and a JPEG encode). This
 times what a user waits for: a page of `--page` thumbnails requested at once, as a
 browser does (6 connections per host), made by 6 threads (asyncio's default pool on a
@@ -36,8 +36,8 @@ BROWSER_CONNECTIONS = 6
 
 def page_times(files: list[Path], page: int) -> dict[str, float]:
     """One page of `page` thumbnails from `files` (cycled): total and slowest, ms."""
-    from index.runtime.images import DEFAULT_MAX_PIXELS
-    from service.routers.items import thumbnail_jpeg
+    from vitrieval.index.runtime.images import DEFAULT_MAX_PIXELS
+    from vitrieval.service.routers.items import thumbnail_jpeg
 
     chosen = [files[i % len(files)] for i in range(page)]
 

@@ -36,11 +36,11 @@ from machine import cpu_model
 from PIL import Image
 from skimage import data as skdata
 
-from index.evaluation.datasets import Item
-from training.config import FitConfig
-from training.data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
-from training.decode_cache import DecodeCache, working_side
-from training.model import build_model
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.training.config import FitConfig
+from vitrieval.training.data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
+from vitrieval.training.decode_cache import DecodeCache, working_side
+from vitrieval.training.model import build_model
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 BATCH = 16

@@ -1,7 +1,7 @@
 """`vitrieval-index build --embeddings EMB --shards N --ray ADDRESS`: each shard of a
 sharded build a Ray task.
 
-`index.shards.build.build_sharded` plans the build, trains the quantiser once and
+`vitrieval.index.shards.build.build_sharded` plans the build, trains the quantiser once and
 commits (shards.json last) on the driver, as without Ray; it hands the shards' jobs to
 a `run_shards`. The one here (`shard_runner`) runs `build_shard` once per shard as a
 `ray.remote` task on the cluster `--ray` names, instead of a local process each: the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from index.shards.build import RunShards, build_shard
+from vitrieval.index.shards.build import RunShards, build_shard
 
 from .cluster import ClusterError, import_ray, largest_node_cpus, parse_address, ray_cluster
 

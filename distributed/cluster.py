@@ -140,7 +140,7 @@ def plan_actors(
     threads: int | None = None,
 ) -> ActorPlan:
     """The actor pool for a cluster of `cpus` CPUs and `gpus` GPUs whose largest node
-    has `node_cpus` CPUs (the rule is in `distributed.embed`)."""
+    has `node_cpus` CPUs (the rule is in `vitrieval.distributed.embed`)."""
     for flag, value in (("--actors", actors), ("--actor-threads", threads)):
         if value is not None and value < 1:
             raise ClusterError(f"{flag} must be at least 1, got {value}")

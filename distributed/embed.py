@@ -1,20 +1,23 @@
 """`vitrieval-index embed --ray ADDRESS`: the parts of an embed done by a pool of Ray
-actors, into the same embeddings folder `index.pipeline.embed_folder` writes.
+actors, into the same embeddings folder `vitrieval.index.pipeline.embed_folder` writes.
 
-The driver (the command's process) opens the folder with `index.pipeline.embed_folder.start_job`,
+The driver (the command's process) opens the folder with
+`vitrieval.index.pipeline.embed_folder.start_job`,
 exactly as the single-process embed does (same checks, same resumability: parts
 recorded in embeddings.json are skipped), and hands the parts left to do, each as its
 inputs (key, label, path, metadata) in JSON, one at a time to a fixed pool of
 actors (`PartEmbedder`), each holding one Embedder (one
 ONNX Runtime session) for its lifetime. An actor embeds a whole part with
-`index.pipeline.embed_folder.embed_part` (the same decoding and model as the single-process embed),
+`vitrieval.index.pipeline.embed_folder.embed_part` (the same decoding and model as the
+single-process embed),
 writes its Parquet file atomically and returns its row count and unreadable inputs;
 the driver commits each part (errors.csv, then embeddings.json) as the results
 arrive, in any order, with the same `EmbedJob.commit`. A killed driver loses the
 parts in flight; a re-run embeds those only.
 
 Parts are the unit of parallelism: a list of P parts keeps at most P actors busy
-(`--part-size` sets it; the default, `index.pipeline.embed_folder.default_part_size`, is 16 parts of
+(`--part-size` sets it; the default, `vitrieval.index.pipeline.embed_folder.default_part_size`, is
+16 parts of
 100 to 50,000 images, the same rule as the single-process embed).
 
 Threads per actor (T, `--actor-threads`): each actor reserves T of Ray's CPUs, runs
@@ -50,11 +53,11 @@ from typing import Any
 
 import numpy as np
 
-from index.evaluation.datasets import Item
-from index.pipeline.embed_folder import EmbedJob, EmbedReport, embed_part, start_job
-from index.pipeline.embeddings_folder import EmbeddingsError, part_name
-from index.runtime.embedder import Embedder
-from index.runtime.vips_decode import DECODER_ENV, decoder_setting
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.index.pipeline.embed_folder import EmbedJob, EmbedReport, embed_part, start_job
+from vitrieval.index.pipeline.embeddings_folder import EmbeddingsError, part_name
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.vips_decode import DECODER_ENV, decoder_setting
 
 from .cluster import (
     ActorPlan,

@@ -1,13 +1,13 @@
 """The index contract: `Index`, what every caller may ask of an index, as awaitables.
 
 One declaration for every caller: the HTTP routes (service/routers), fusion and
-re-ranking (`index.query`), `vitrieval-index search`. Implemented by
+re-ranking (`vitrieval.index.query`), `vitrieval-index search`. Implemented by
 
 - `LocalIndex`: an `IndexStore` or `ShardedStore` opened in this process (the stores'
   calls block on their locks and on FAISS, so each runs in a worker thread: the one
   sync/async boundary, crossed here); with a `CommitFollower`, over whichever commit
   a read-only server answers from at the time of each call;
-- `distributed.serve.ingress.RemoteIndex`: the shard deployments of a Ray cluster.
+- `vitrieval.distributed.serve.ingress.RemoteIndex`: the shard deployments of a Ray cluster.
 
 A search is one `Query` (index/store/request.py: the vectors, k and a `Where`, its
 filter parsed once), answered as `Ranked` hits: per query, (item id, `Hit`) best

@@ -1,16 +1,16 @@
 """One query after embedding: alpha-QE re-ranking and several query images as one.
 
 The steps between the embeddings and the hits, written once for every caller: the HTTP
-service awaits them over its `index.contract.Index` (in this process or across a Ray
+service awaits them over its `vitrieval.index.contract.Index` (in this process or across a Ray
 cluster), `vitrieval-index search` over an opened store (`search_store`, through the
 same `LocalIndex` the service uses): a ranked search and a batched read of stored
 vectors.
 
 - `search`: each query row its own query; with `AQE`, every query first searches its
   top n (with the same label, filter and exclusions), is replaced by its alpha-QE
-  expansion (`index.rerank.expand_queries`) with the n hits' stored vectors, and the
+  expansion (`vitrieval.index.rerank.expand_queries`) with the n hits' stored vectors, and the
   expansion is searched for the top k.
-- `search_fused`: several query images as one query (`index.fusion`): `mean` searches
+- `search_fused`: several query images as one query (`vitrieval.index.fusion`): `mean` searches
   the mean of their embeddings; `max` searches each image and merges by max score.
 """
 

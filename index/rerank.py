@@ -21,7 +21,7 @@ neighbours most. A neighbour slot left empty (fewer than n neighbours) adds noth
 
 Neighbours here are exact: inner products over the whole gallery, ranked by
 descending score and, for exactly equal scores, ascending gallery index (the tie rule
-of `index.evaluation.metrics`), a bounded number of query rows at a time
+of `vitrieval.index.evaluation.metrics`), a bounded number of query rows at a time
 (`exact_neighbours`). The store (index/store/_dba.py) computes its DBA vector set
 with its own search and `expand_queries`; `vitrieval-index bench --rerank` uses the
 functions below (`rerank_vectors`, `leave_one_out_metrics`).
@@ -152,7 +152,8 @@ def exact_neighbours(
     """Exact top-n by inner product: (Q, d) queries, (N, d) gallery -> (Q, n) int64
     gallery ids, best first, and their (Q, n) float32 scores.
 
-    Order: descending score, then ascending gallery id (`index.evaluation.metrics`' tie rule).
+    Order: descending score, then ascending gallery id (`vitrieval.index.evaluation.metrics`' tie
+    rule).
     `exclude_self`: the queries are the gallery's rows (Q == N) and row i never lists
     i. Fewer than n candidates: the rest of the row is id -1, score 0. `chunk` query
     rows are scored at a time (None: as many as keep a block under
@@ -270,7 +271,8 @@ def rerank_vectors(
     gallery vectors (N, d), seconds it took).
 
     The exact re-ranked order of query i is the gallery sorted by descending
-    <query'_i, gallery'_j> (then ascending j), so any metric of `index.evaluation.metrics` on
+    <query'_i, gallery'_j> (then ascending j), so any metric of
+    `vitrieval.index.evaluation.metrics` on
     these vectors is the metric of the re-ranked search, over the whole gallery:
     - "aqe": queries expanded with their top-n in the gallery; the gallery as it is;
     - "dba": queries as they are; the gallery's DBA vectors;
@@ -332,7 +334,8 @@ def leave_one_out_metrics(
     *,
     chunk: int | None = None,
 ) -> QueryMetrics:
-    """`index.evaluation.metrics.query_metrics`' leave-one-out protocol where query i has a vector
+    """`vitrieval.index.evaluation.metrics.query_metrics`' leave-one-out protocol where query i has
+    a vector
     of its own (a re-ranked query) but is still gallery row i: row i is left out of
     query i's ranking and of its relevant items. Same metrics, tie rule and dropped
     queries; with queries equal to the gallery it gives query_metrics' numbers."""

@@ -1,8 +1,5 @@
 """vitrieval's HTTP search service: `create_app()` and the `vitrieval-serve` CLI."""
 
-from importlib.metadata import PackageNotFoundError, version
+from vitrieval._version import __version__
 
-try:
-    __version__ = version("vitrieval")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+__all__ = ["__version__"]

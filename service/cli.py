@@ -84,8 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_ray_options(parser: argparse.ArgumentParser) -> None:
     """--ray ADDRESS and the replica counts of the Ray Serve application (docs/scale.md,
     distributed/serve); the names and defaults live there, imported here only."""
-    from distributed.cluster import ADDRESS_HELP
-    from distributed.serve.options import (
+    from vitrieval.distributed.cluster import ADDRESS_HELP
+    from vitrieval.distributed.serve.options import (
         DEFAULT_EMBED_REPLICAS,
         DEFAULT_INGRESS_REPLICAS,
         DEFAULT_SHARD_REPLICAS,
@@ -187,7 +187,7 @@ def _main(argv: Sequence[str] | None) -> int:
         for field, value in overrides.items():
             os.environ[f"VITRIEVAL_{field.upper()}"] = str(value)
         uvicorn.run(
-            "service.app:create_app",
+            "vitrieval.service.app:create_app",
             factory=True,
             host=settings.host,
             port=settings.port,
@@ -206,7 +206,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _serve_on_ray(args: argparse.Namespace, settings: Settings) -> int:
     """`--ray ADDRESS`: the same API as a Ray Serve application (distributed.serve)."""
-    from distributed.cluster import ClusterError, import_ray, parse_address
+    from vitrieval.distributed.cluster import ClusterError, import_ray, parse_address
 
     problem = _ray_problem(args, settings)
     if problem:
@@ -218,7 +218,7 @@ def _serve_on_ray(args: argparse.Namespace, settings: Settings) -> int:
     except ClusterError as exc:
         print(f"vitrieval-serve: {exc}", file=sys.stderr)
         return 2
-    from distributed.serve.run import serve_on_ray
+    from vitrieval.distributed.serve.run import serve_on_ray
 
     return serve_on_ray(
         settings,

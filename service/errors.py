@@ -19,13 +19,13 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from index.runtime.images import (
+from vitrieval.index.runtime.images import (
     ImageDecodeError,
     ImageShapeError,
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from index.store import DamagedIndexError, JournalWriteError, StoreError
+from vitrieval.index.store import DamagedIndexError, JournalWriteError, StoreError
 
 logger = logging.getLogger("vitrieval.service")
 

@@ -13,7 +13,7 @@
   segment is verified against its checksums at `scrub_bytes_per_s`; a damaged one is
   taken out of service, logged, and reported by /readyz and /metrics.
 - A checkpoint that cannot take the folder's writer lock within
-  `index.store.manifest.WRITER_LOCK_WAIT_S` (another process holds it) fails like any
+  `vitrieval.index.store.manifest.WRITER_LOCK_WAIT_S` (another process holds it) fails like any
   failed save: the journal keeps everything, it is retried `checkpoint_interval_s`
   later, and /readyz says "degraded" meanwhile (service/upkeep.py).
 - At shutdown, what the journal holds is saved (a save that cannot take the lock gives
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import faiss
 
-from index.store.errors import WriterLockTimeout
+from vitrieval.index.store.errors import WriterLockTimeout
 
 from .layout import cpu_count
 from .state import ServiceState

@@ -8,10 +8,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from index.fusion import DEFAULT_FUSION, Fusion
-from index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
-from index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
-from index.store.filters import Filter, FilterError, find_outside_int64, int64_message, parse_filter
+from vitrieval.index.fusion import DEFAULT_FUSION, Fusion
+from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
+from vitrieval.index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+from vitrieval.index.store.filters import (
+    Filter,
+    FilterError,
+    find_outside_int64,
+    int64_message,
+    parse_filter,
+)
 
 from .text import (
     MAX_KEY_LENGTH,
@@ -71,7 +77,7 @@ RerankMethod = Literal[SEARCH_METHODS]  # type: ignore[valid-type]
 class FormField(Enum):
     """How a request model's field travels in a multipart or urlencoded form, marked on
     the field (`Annotated[..., FormField.JSON_TEXT]`); an unmarked field is one text
-    field, validated as pydantic validates strings. `service.inputs` reads forms and
+    field, validated as pydantic validates strings. `vitrieval.service.inputs` reads forms and
     documents them (OpenAPI) from these marks."""
 
     JSON_TEXT = "json-text"

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from index.runtime.images import DEFAULT_MAX_PIXELS
+from vitrieval.index.runtime.images import DEFAULT_MAX_PIXELS
 
 from .schemas import MAX_K
 

@@ -16,15 +16,15 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from index.atomic import atomic_write_bytes, fsync_dir
-from index.contract import Index, LocalIndex
-from index.follow import CommitFollower
-from index.gpu_notice import claim_cpu_only, log_cpu_only
-from index.runtime.embedder import CPU, Embedder, ort_cpu_reason, select_providers
-from index.runtime.images import DecodeBudget, DecodeBudgetBusy
-from index.shards import ShardedStore, open_index
-from index.store import IndexStore, check_gpu_mode, faiss_cpu_reason
-from index.unit_vectors import unit_rows
+from vitrieval.index.atomic import atomic_write_bytes, fsync_dir
+from vitrieval.index.contract import Index, LocalIndex
+from vitrieval.index.follow import CommitFollower
+from vitrieval.index.gpu_notice import claim_cpu_only, log_cpu_only
+from vitrieval.index.runtime.embedder import CPU, Embedder, ort_cpu_reason, select_providers
+from vitrieval.index.runtime.images import DecodeBudget, DecodeBudgetBusy
+from vitrieval.index.shards import ShardedStore, open_index
+from vitrieval.index.store import IndexStore, check_gpu_mode, faiss_cpu_reason
+from vitrieval.index.unit_vectors import unit_rows
 
 from .batching import DynamicBatcher
 from .errors import ApiError, image_error
@@ -92,8 +92,8 @@ class ServiceState:
     @classmethod
     def load(cls, settings: Settings, metrics: ServiceMetrics | None = None) -> ServiceState:
         """Load the model and the index and run the self-check; StartupError on failure."""
-        from index.runtime.images import ImageDecodeError
-        from index.store import StoreError
+        from vitrieval.index.runtime.images import ImageDecodeError
+        from vitrieval.index.store import StoreError
 
         if settings.model is None or settings.index is None:
             raise StartupError("both a model (--model) and an index (--index) are needed")
@@ -257,7 +257,7 @@ def prepare_image(
 
 def check_vector(values: list[float], dim: int) -> np.ndarray:
     """A vector from a client (a query, an item), checked against the index's `dim` and
-    normalised (`index.unit_vectors`: any finite values, however large or small, that
+    normalised (`vitrieval.index.unit_vectors`: any finite values, however large or small, that
     are not all zero)."""
     vector = np.asarray(values, dtype=np.float64)
     if vector.shape != (dim,):
@@ -291,7 +291,7 @@ def _png_bytes(image: Image.Image) -> bytes:
 def _claim_cpu_only(model_on_gpu: bool, device: str) -> dict[str, str]:
     """On a host without a GPU, why each library runs on the CPU, claimed for one
     start-up line (the embedder and every index segment would each say it again
-    otherwise; `index.gpu_notice`)."""
+    otherwise; `vitrieval.index.gpu_notice`)."""
     reasons = {}
     if not model_on_gpu and device.lower() == "auto":
         reasons["onnxruntime"] = ort_cpu_reason()

@@ -9,7 +9,7 @@ metadata keeps tabs and newlines.
 
 The rules are applied twice, on purpose: `find_unencodable` walks a whole parsed JSON
 body (every field, known or not, dict keys included), and the request models'
-validators (`service.schemas`) check each field again whatever the body's encoding
+validators (`vitrieval.service.schemas`) check each field again whatever the body's encoding
 was (JSON, multipart, urlencoded, path and query parameters).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from index.store.validation import key_problem
+from vitrieval.index.store.validation import key_problem
 
 MAX_KEY_LENGTH = 512
 MAX_LABEL_LENGTH = 512

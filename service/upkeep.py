@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from index.store.errors import WriterLockTimeout
+from vitrieval.index.store.errors import WriterLockTimeout
 
 WRITER_LOCK_HELD = "writer_lock_held"
 SAVE_FAILED = "save_failed"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
+from vitrieval.service.app import create_app
+from vitrieval.service.settings import Settings
 
 KEY = "test-write-key"
 AUTH = {"X-API-Key": KEY}

@@ -27,9 +27,9 @@ def export_tiny(seed: int, path: Path) -> Path:
     """Export an untrained `tiny` ViT + GGeM (32 px input, 128-d output) built from `seed`."""
     import torch
 
-    from training.config import FitConfig
-    from training.export import export_model, model_metadata
-    from training.model import build_model
+    from vitrieval.training.config import FitConfig
+    from vitrieval.training.export import export_model, model_metadata
+    from vitrieval.training.model import build_model
 
     torch.manual_seed(seed)
     model = build_model("tiny", "ggem")
@@ -55,10 +55,10 @@ def digits_gallery(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path) ->
     """120 held-out digits as PNG files (a folder per class, list.csv) and a Flat index of
     them built with `tiny_onnx`: what the service tests serve. Treat as read-only; use
     `served_index` for a copy a test may change."""
-    from index.evaluation.datasets import csv_list, load_dataset
-    from index.pipeline.build_index import build_index
-    from index.pipeline.sources import write_image_folder
-    from index.runtime.embedder import Embedder
+    from vitrieval.index.evaluation.datasets import csv_list, load_dataset
+    from vitrieval.index.pipeline.build_index import build_index
+    from vitrieval.index.pipeline.sources import write_image_folder
+    from vitrieval.index.runtime.embedder import Embedder
 
     root = tmp_path_factory.mktemp("digits_gallery")
     split = load_dataset("digits", image_size=32)
@@ -87,7 +87,7 @@ def client(digits_gallery: dict[str, Path], served_index: Path):
 @pytest.fixture(scope="module")
 def gallery(digits_gallery: dict[str, Path]) -> list:
     """The digits gallery's items (key, path, label), in list order."""
-    from index.evaluation.datasets import csv_list
+    from vitrieval.index.evaluation.datasets import csv_list
 
     return csv_list(digits_gallery["list"])
 
@@ -95,7 +95,7 @@ def gallery(digits_gallery: dict[str, Path]) -> list:
 @pytest.fixture(scope="module")
 def reference(digits_gallery: dict[str, Path]):
     """The gallery's index opened read-only: what the service must answer."""
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     with IndexStore.open(digits_gallery["index"]) as store:
         yield store

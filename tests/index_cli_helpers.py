@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from index.cli import main
+from vitrieval.index.cli import main
 
 
 def run(capsys: pytest.CaptureFixture, *argv: object) -> tuple[int, str, str]:

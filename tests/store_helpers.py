@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.store import Hit, IndexStore
+from vitrieval.index.store import Hit, IndexStore
 
 DIM = 128
 STEP = 2.0**-11

@@ -11,16 +11,16 @@ import torch
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from index.evaluation.datasets import load_dataset
-from index.evaluation.metrics import isotropy_score, retrieval_metrics
-from training.analyze import centered, pair_cosines
-from training.checkpoint import save_tensors
-from training.cli import main
-from training.config import FitConfig
-from training.data import build_transforms
-from training.evaluate import embed_items
-from training.export import export_model, load_run_model, model_metadata
-from training.model import build_model
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.evaluation.metrics import isotropy_score, retrieval_metrics
+from vitrieval.training.analyze import centered, pair_cosines
+from vitrieval.training.checkpoint import save_tensors
+from vitrieval.training.cli import main
+from vitrieval.training.config import FitConfig
+from vitrieval.training.data import build_transforms
+from vitrieval.training.evaluate import embed_items
+from vitrieval.training.export import export_model, load_run_model, model_metadata
+from vitrieval.training.model import build_model
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

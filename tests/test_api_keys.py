@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from service.cli import main
-from service.settings import Settings
+from vitrieval.service.cli import main
+from vitrieval.service.settings import Settings
 
 GOOD = "a-good-key-0123"
 BAD = {

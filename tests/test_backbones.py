@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from training.backbones import PRESETS, BackboneError, create_backbone, resolve_backbone
-from training.model import build_model, weights_fingerprint
+from vitrieval.training.backbones import PRESETS, BackboneError, create_backbone, resolve_backbone
+from vitrieval.training.model import build_model, weights_fingerprint
 
 
 def test_tiny_preset_shape_and_size():

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from service.batching import DynamicBatcher
+from vitrieval.service.batching import DynamicBatcher
 
 
 class FakeModel:

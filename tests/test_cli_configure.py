@@ -9,7 +9,7 @@ import numpy as np
 from index_cli_helpers import run
 from store_helpers import unit_vectors
 
-from index.store import IndexStore
+from vitrieval.index.store import IndexStore
 
 
 def small_index(directory: Path) -> np.ndarray:

@@ -1,5 +1,5 @@
 """`vitrieval-index search` with --filter, --fuse and --rerank aqe: the same answers as
-`index.query` on the opened index (what the HTTP service runs), one result block for
+`vitrieval.index.query` on the opened index (what the HTTP service runs), one result block for
 fused images, and every bad option one line on stderr with exit status 2."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.evaluation.datasets import csv_list
-from index.query import AQE, Where, search_store, search_store_fused
-from index.runtime.embedder import Embedder
-from index.store import IndexStore
-from index.store.filters import parse_filter
+from vitrieval.index.evaluation.datasets import csv_list
+from vitrieval.index.query import AQE, Where, search_store, search_store_fused
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store.filters import parse_filter
 
 COLOURS = ("red", "blue", "green")
 RED_OR_BLUE = {"must": [{"key": "colour", "match": {"any": ["red", "blue"]}}]}

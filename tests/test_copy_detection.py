@@ -17,7 +17,7 @@ from index_cli_helpers import run  # tests/index_cli_helpers.py
 from PIL import Image
 from skimage import data as skdata
 
-from index.evaluation.copy_detection import (
+from vitrieval.index.evaluation.copy_detection import (
     CROP_AREA,
     JPEG_QUALITY,
     KINDS,
@@ -27,8 +27,8 @@ from index.evaluation.copy_detection import (
     plan,
     read_photos,
 )
-from index.evaluation.datasets import DatasetError, Item
-from index.evaluation.metrics import retrieval_metrics, target_metrics, target_ranks
+from vitrieval.index.evaluation.datasets import DatasetError, Item
+from vitrieval.index.evaluation.metrics import retrieval_metrics, target_metrics, target_ranks
 
 # RGB and grey, JPEG and PNG, landscape and square: skimage's bundled real photos
 PHOTOS = {
@@ -324,8 +324,8 @@ def test_cli_end_to_end(tmp_path, capsys, photo_dir, tiny_onnx):
 def test_identical_copies_are_found_first(photo_dir, tiny_onnx):
     """Sanity: a copy with no edit reproduces its original's vector exactly (the same
     decoding as the gallery), so R@1 = mAP = 1 whatever the model."""
-    from index.evaluation.benchmark import run_copy_detection
-    from index.runtime.embedder import Embedder
+    from vitrieval.index.evaluation.benchmark import run_copy_detection
+    from vitrieval.index.runtime.embedder import Embedder
 
     report = run_copy_detection(Embedder(tiny_onnx), read_photos(photo_dir), per_image=2, kinds=())
     assert report["n_queries"] == 10
@@ -367,7 +367,7 @@ def test_bench_options_checked_before_embedding(
     tmp_path, capsys, photo_dir, tiny_onnx, monkeypatch, extra, needle, source
 ):
     """Options that could only fail after every image is embedded fail first instead."""
-    from index.runtime.embedder import Embedder
+    from vitrieval.index.runtime.embedder import Embedder
 
     def no_embedding(*args, **kwargs):
         raise AssertionError("embedded before checking the options")
@@ -397,8 +397,8 @@ class _VectorEmbedder:
         self.dim = len(next(iter(self.vectors.values())))
 
     def embed_items(self, items, *, progress=False):
-        from index.evaluation.copy_detection import CopyQuery
-        from index.runtime.embedder import EmbedResult
+        from vitrieval.index.evaluation.copy_detection import CopyQuery
+        from vitrieval.index.runtime.embedder import EmbedResult
 
         rows = []
         for item in items:
@@ -419,7 +419,7 @@ def test_label_mode_counts_another_version_of_the_design():
     The copy of a ranks b (0.936), the distractor e (0.8), d (0.576), then a (0.28):
     a miss at rank 4 by default, a hit in label mode (b is relevant too). The copy of d
     (no label) ranks b (1.0), e (0.96), a (0.6), then d (0.48): a miss in both modes."""
-    from index.evaluation.benchmark import run_copy_detection
+    from vitrieval.index.evaluation.benchmark import run_copy_detection
 
     vectors = {
         "d.png": [0, 0.6, 0.8],  # directly in DIR: no label, its own design
@@ -487,7 +487,7 @@ def _naive_label_metrics(queries, gallery, query_class, gallery_class, ks):
 
 
 def test_label_mode_matches_a_naive_full_sort():
-    from index.evaluation.benchmark import run_copy_detection
+    from vitrieval.index.evaluation.benchmark import run_copy_detection
 
     rng = np.random.default_rng(1)
     step = 2.0**-3  # coarse steps: exact score ties between items

@@ -36,17 +36,17 @@ def test_save_copies_writes_copies_ranks_and_timings(
     """The interface as documented; an independent baseline (the saved PNG copies and
     the original files embedded again, ranked with numpy) reproduces ranks.csv; each
     photo is decoded once for the gallery and once for all its copies."""
-    import index.evaluation.datasets
-    from index.runtime.embedder import Embedder
+    import vitrieval.index.evaluation.datasets as datasets_module
+    from vitrieval.index.runtime.embedder import Embedder
 
     decoded = Counter()
-    real_open = index.evaluation.datasets.open_image
+    real_open = datasets_module.open_image
 
     def counting_open(source, *args, **kwargs):
         decoded[Path(source).name] += 1
         return real_open(source, *args, **kwargs)
 
-    monkeypatch.setattr(index.evaluation.datasets, "open_image", counting_open)
+    monkeypatch.setattr(datasets_module, "open_image", counting_open)
     copies, out = tmp_path / "copies", tmp_path / "report"
     argv = ("bench", "--model", tiny_onnx, "--copy-detection", small_photos)
     code, stdout, err = run(capsys, *argv, "--save-copies", copies, "--out", out)

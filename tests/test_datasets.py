@@ -11,7 +11,7 @@ import scipy.io
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from index.evaluation.datasets import (
+from vitrieval.index.evaluation.datasets import (
     DATASET_NAMES,
     DatasetError,
     Item,
@@ -26,7 +26,7 @@ from index.evaluation.datasets import (
     sop,
     stratified_split,
 )
-from index.runtime.images import ImageDecodeError
+from vitrieval.index.runtime.images import ImageDecodeError
 
 
 def write_image(path: Path, colour: tuple[int, int, int] = (200, 30, 60), size=(6, 4)) -> Path:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from store_helpers import flip_byte, unit_vectors
 
-from index.store import IndexStore, StoreError, upgrade
+from vitrieval.index.store import IndexStore, StoreError, upgrade
 
 N, DIM = 400, 16
 
@@ -184,7 +184,7 @@ def test_a_crash_between_the_derived_index_and_the_manifest(tmp_path: Path, monk
     before = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     store = IndexStore.open(tmp_path / "idx")
     store.add([str(i) for i in range(100, 150)], x[100:])
-    import index.store._persist as persist_module
+    import vitrieval.index.store._persist as persist_module
 
     def crash(*args, **kwargs):
         raise OSError("killed before the manifest")

@@ -12,20 +12,20 @@ import pytest
 import torch
 from PIL import Image
 
-import index.evaluation.datasets
-from index.evaluation.datasets import Item
-from index.runtime.images import open_image
-from training.cli import main
-from training.config import FitConfig
-from training.data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
-from training.decode_cache import (
+import vitrieval.index.evaluation.datasets as datasets_module
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.index.runtime.images import open_image
+from vitrieval.training.cli import main
+from vitrieval.training.config import FitConfig
+from vitrieval.training.data import ImageDataset, build_transforms, drop_unreadable, epoch_loader
+from vitrieval.training.decode_cache import (
     CACHE_DIRNAME,
     CachedFileItem,
     DecodeCache,
     reduce_to_side,
     working_side,
 )
-from training.epochs import seed_everything
+from vitrieval.training.epochs import seed_everything
 
 # the tiny preset's data config (32 px, crop_pct 1) and fit's default crop scale
 DATA_CONFIG = {
@@ -65,7 +65,7 @@ class DecodeCounter:
     def __init__(self, log: Path):
         self.log = log
         self.log.touch()
-        self.decode = index.evaluation.datasets.open_image
+        self.decode = datasets_module.open_image
 
     def open_image(self, *args, **kwargs) -> Image.Image:
         with open(self.log, "a") as fh:
@@ -79,7 +79,7 @@ class DecodeCounter:
 @pytest.fixture
 def decodes(tmp_path, monkeypatch) -> DecodeCounter:
     counter = DecodeCounter(tmp_path / "decodes.log")
-    monkeypatch.setattr(index.evaluation.datasets, "open_image", counter.open_image)
+    monkeypatch.setattr(datasets_module, "open_image", counter.open_image)
     return counter
 
 
@@ -188,8 +188,8 @@ def test_training_tensors_are_made_from_the_cached_images(tmp_path, photos, deco
 _FILL = """
 import sys
 from pathlib import Path
-from index.evaluation.datasets import Item
-from training.decode_cache import DecodeCache
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.training.decode_cache import DecodeCache
 cache = DecodeCache("disk", int(sys.argv[1]), Path(sys.argv[2]))
 for path in sys.argv[3:]:
     cache.load(Item(Path(path).name, "a", Path(path)))

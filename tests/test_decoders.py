@@ -16,8 +16,8 @@ from hostile_images import fuzzed, png_bomb
 from PIL import Image
 from skimage import data as skdata
 
-from index.runtime import vips_decode
-from index.runtime.images import (
+from vitrieval.index.runtime import vips_decode
+from vitrieval.index.runtime.images import (
     ImageDecodeError,
     ImageShapeError,
     ImageTooLargeError,
@@ -99,7 +99,7 @@ def test_without_libvips_a_large_png_or_webp_names_the_extra_once(monkeypatch, c
     monkeypatch.setattr(vips_decode, "_hinted", False)
     monkeypatch.setenv(vips_decode.DECODER_ENV, "pillow")
     large_png = encode(photo((640, 480)), "PNG")  # 0.31 MP: libvips's from 0.25 MP
-    with caplog.at_level(logging.INFO, logger="index.runtime.vips_decode"):
+    with caplog.at_level(logging.INFO, logger="vitrieval.index.runtime.vips_decode"):
         open_image(large_png, draft_size=128)
         monkeypatch.setenv(vips_decode.DECODER_ENV, "auto")
         open_image(encode(photo((64, 48)), "PNG"))
@@ -337,7 +337,7 @@ def test_fuzzed_files_raise_decode_errors_or_decode_on_both_paths(monkeypatch) -
 def test_embeddings_agree_across_decoders(tiny_onnx, tmp_path, monkeypatch) -> None:
     """What matters downstream: the model's vectors from either decoder (files large
     enough for libvips at its real thresholds)."""
-    from index.runtime.embedder import Embedder
+    from vitrieval.index.runtime.embedder import Embedder
 
     files = []
     for i, (fmt, size) in enumerate([("PNG", (900, 600)), ("WEBP", (2200, 1400))]):
@@ -357,7 +357,7 @@ def test_embeddings_agree_across_decoders(tiny_onnx, tmp_path, monkeypatch) -> N
 
 PEAK_CHILD = """
 import sys
-from index.runtime.images import open_image, plan_decode
+from vitrieval.index.runtime.images import open_image, plan_decode
 def kib(field):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
@@ -418,8 +418,8 @@ def test_wider_images_and_panoramas_stay_with_pillow() -> None:
 def test_a_bad_decoder_setting_is_one_error_at_start(
     monkeypatch, tiny_onnx, tmp_path, capsys
 ) -> None:
-    from index.cli import main
-    from index.runtime.embedder import Embedder
+    from vitrieval.index.cli import main
+    from vitrieval.index.runtime.embedder import Embedder
 
     monkeypatch.setenv(vips_decode.DECODER_ENV, "magick")
     with pytest.raises(ValueError, match="VITRIEVAL_DECODER='magick'"):

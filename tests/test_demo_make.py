@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from test_interrupt import _left, _stop_after_first_checkpoint
 
-from training.cli import main
+from vitrieval.training.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(sys.executable).parent.parent  # the virtualenv running the tests

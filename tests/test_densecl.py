@@ -14,14 +14,14 @@ import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
-from index.cli import main as index_main
-from index.runtime.model_metadata import read_model_metadata
-from training.checkpoint import CheckpointError
-from training.cli import build_parser, main
-from training.config import FitConfig, config_from_args
-from training.export import load_run_model
-from training.losses import DenseContrastiveLoss, InfoNCELoss, SupConLoss
-from training.run_folder import init_weights, model_from_config
+from vitrieval.index.cli import main as index_main
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.training.checkpoint import CheckpointError
+from vitrieval.training.cli import build_parser, main
+from vitrieval.training.config import FitConfig, config_from_args
+from vitrieval.training.export import load_run_model
+from vitrieval.training.losses import DenseContrastiveLoss, InfoNCELoss, SupConLoss
+from vitrieval.training.run_folder import init_weights, model_from_config
 
 B, T, C_PROJ, C_FEAT = 3, 4, 5, 6
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.settings import Settings
+from vitrieval._folders import SUBPACKAGE_FOLDERS
+from vitrieval.service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = shutil.which("docker-compose")
@@ -265,7 +266,9 @@ def test_dockerignore_keeps_the_context_small():
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     assert allowed == {
         "pyproject.toml",
+        "setup.py",
         "README.md",
+        "vitrieval",
         "docker/requirements.py",
         "index",
         "service",
@@ -280,11 +283,8 @@ def test_dockerignore_keeps_the_context_small():
         if not part.startswith("--")
     }
     assert copied <= allowed | {"docker/requirements.py"}
-    # every package the wheel is built from (pyproject's packages.find) is in the context
-    import tomllib
-
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    # every folder the wheel is built from (setup.py maps them into vitrieval) is copied
+    packages = {"vitrieval", "setup.py", *SUBPACKAGE_FOLDERS}
     assert packages <= copied, f"not copied into the builder: {packages - copied}"
 
 
@@ -420,8 +420,8 @@ def test_compose_job_commands_parse_with_the_real_clis(service):
         part = part.strip().removeprefix("then ").strip()
         if part.startswith("vitrieval-"):
             commands.append(shlex.split(part))
-    from index.cli import build_parser as index_parser
-    from training.cli import build_parser as train_parser
+    from vitrieval.index.cli import build_parser as index_parser
+    from vitrieval.training.cli import build_parser as train_parser
 
     parsers = {"vitrieval-train": train_parser(), "vitrieval-index": index_parser()}
     programs = [argv[0] for argv in commands]

@@ -12,9 +12,9 @@ from index_cli_helpers import run  # tests/index_cli_helpers.py
 from test_distributed_embed import run_without_ray
 from test_embeddings import one_line
 
-from index.cli import main
-from index.evaluation.datasets import load_dataset
-from index.shards import SHARDS_FILE
+from vitrieval.index.cli import main
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.shards import SHARDS_FILE
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from index_cli_helpers import run  # tests/index_cli_helpers.py
 from ray_cluster import NO_RAY, ray_missing
 from test_embeddings import one_line, read_rows
 
-from distributed.cluster import ClusterError, parse_address, plan_actors
-from index.evaluation.datasets import load_dataset
+from vitrieval.distributed.cluster import ClusterError, parse_address, plan_actors
+from vitrieval.index.evaluation.datasets import load_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5  # ORT's kernels may differ with the thread count; the math is the same
@@ -42,7 +42,7 @@ def images(tmp_path_factory) -> Path:
 
 def cli(*argv: object) -> list[str]:
     """The command line of `vitrieval-index ARGV` in a new process."""
-    return [sys.executable, "-m", "index.cli", *map(str, argv)]
+    return [sys.executable, "-m", "vitrieval.index.cli", *map(str, argv)]
 
 
 def error_keys(folder: Path) -> list[str]:
@@ -163,8 +163,8 @@ def test_a_killed_embed_on_ray_resumes(tmp_path, capsys, images, single, tiny_on
 ACTOR_FAULT = """
 import os, sys
 from pathlib import Path
-import distributed.embed as embed
-from index.cli import main
+import vitrieval.distributed.embed as embed
+from vitrieval.index.cli import main
 
 class Faulty(embed.PartEmbedder):  # in __main__: Ray ships the class itself to the workers
     fault = sys.argv[1]  # read here, in the driver; travels with the class
@@ -213,7 +213,7 @@ def test_an_actor_that_dies_ends_the_embed_with_one_line(
 WITHOUT_RAY = """
 import sys
 sys.modules["ray"] = None  # `import ray` raises ImportError, as without the extra
-from index.cli import main
+from vitrieval.index.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -250,9 +250,9 @@ def test_an_actor_decodes_with_the_drivers_decoder_whatever_its_node_says(
 ):
     # a node of a remote cluster does not share the driver's environment: the driver's
     # VITRIEVAL_DECODER travels in the actor's constructor arguments
-    from distributed.embed import PartEmbedder
-    from index.runtime.embedder import Embedder
-    from index.runtime.vips_decode import DECODER_ENV, decoder_setting
+    from vitrieval.distributed.embed import PartEmbedder
+    from vitrieval.index.runtime.embedder import Embedder
+    from vitrieval.index.runtime.vips_decode import DECODER_ENV, decoder_setting
 
     monkeypatch.setenv(DECODER_ENV, "vips")  # what the node's environment would say
     fingerprint = Embedder(tiny_onnx, device="cpu").fingerprint

@@ -29,13 +29,13 @@ from fastapi.testclient import TestClient
 from ray_cluster import NO_RAY, ray_missing
 from serving import REPO, free_port
 
-from index.evaluation.datasets import csv_list
-from index.pipeline.embeddings_folder import write_part
-from index.shards import shard_of
-from index.shards.build import build_shard, build_sharded
-from index.store import IndexStore
-from service.app import create_app
-from service.settings import Settings
+from vitrieval.index.evaluation.datasets import csv_list
+from vitrieval.index.pipeline.embeddings_folder import write_part
+from vitrieval.index.shards import shard_of
+from vitrieval.index.shards.build import build_shard, build_sharded
+from vitrieval.index.store import IndexStore
+from vitrieval.service.app import create_app
+from vitrieval.service.settings import Settings
 
 K = 6
 KEY = "ray-serve-test-key-0123"
@@ -54,7 +54,7 @@ class RayServe:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [
-            sys.executable, "-m", "service.cli", "--ray", address,
+            sys.executable, "-m", "vitrieval.service.cli", "--ray", address,
             "--model", str(model), "--index", str(index),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--log-level", "warning", *options,
@@ -192,7 +192,7 @@ def test_ingress_replicas_are_asked_for_only_read_only(
 ):
     """--ingress-replicas and --shard-replicas become the deployments' replica counts
     read-only; with mutations on, the ingress and each shard have one replica."""
-    from distributed.serve.run import build_application, check_inputs
+    from vitrieval.distributed.serve.run import build_application, check_inputs
 
     settings = Settings(
         model=digits_gallery["model"],
@@ -405,7 +405,7 @@ def test_searches_recover_when_a_shard_writer_dies(sharded_on_session_cluster, q
 WITHOUT_RAY = """
 import sys
 sys.modules["ray"] = None  # `import ray` raises ImportError, as without the extra
-from service.cli import main
+from vitrieval.service.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -7,7 +7,7 @@ import argparse
 import re
 from pathlib import Path
 
-from index.cli import build_parser
+from vitrieval.index.cli import build_parser
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "index.md"
 SECTION = "### Every command and option"

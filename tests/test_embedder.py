@@ -17,14 +17,14 @@ from onnx import TensorProto, helper
 from PIL import Image
 from skimage import data as skdata
 
-import index.runtime.embedder as embedder_module
-from index.evaluation.datasets import Item
-from index.runtime.embedder import Embedder, EmbedResult, select_providers
-from index.runtime.images import open_image
-from index.runtime.model_metadata import ModelMetadataError, read_model_metadata
-from index.runtime.preprocess import Preprocessor
-from index.runtime.quantize import QuantizeError, quantize_model, quantized_fingerprint
-from training.model import build_model, weights_fingerprint
+import vitrieval.index.runtime.embedder as embedder_module
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.index.runtime.embedder import Embedder, EmbedResult, select_providers
+from vitrieval.index.runtime.images import open_image
+from vitrieval.index.runtime.model_metadata import ModelMetadataError, read_model_metadata
+from vitrieval.index.runtime.preprocess import Preprocessor
+from vitrieval.index.runtime.quantize import QuantizeError, quantize_model, quantized_fingerprint
+from vitrieval.training.model import build_model, weights_fingerprint
 
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 
@@ -336,7 +336,7 @@ def test_draft_decoding_matches_exact_decoding(tmp_path, tiny_onnx):
     """JPEGs decoded at reduced DCT scale embed like fully decoded ones."""
     from skimage import data as skdata
 
-    from index.runtime.images import open_image
+    from vitrieval.index.runtime.images import open_image
 
     paths = []
     for i, photo in enumerate([skdata.astronaut(), skdata.coffee(), skdata.chelsea()]):

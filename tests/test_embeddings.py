@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.evaluation.datasets import load_dataset
-from index.pipeline.embeddings_folder import EmbeddingsFolder, Reservoir, write_part
-from index.runtime.model_metadata import read_model_metadata
-from index.store import IndexStore
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.pipeline.embeddings_folder import EmbeddingsFolder, Reservoir, write_part
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.store import IndexStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -217,7 +217,7 @@ def test_embed_resumes_after_a_kill(tmp_path, capsys, many_photos, tiny_onnx):
     emb = tmp_path / "emb"
     options = ["--part-size", "4", "--batch-size", "2", "--device", "cpu"]
     argv = ["embed", "--model", tiny_onnx, "--images", many_photos, "--out", emb, *options]
-    command = [sys.executable, "-m", "index.cli", *map(str, argv)]
+    command = [sys.executable, "-m", "vitrieval.index.cli", *map(str, argv)]
     process = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -425,7 +425,7 @@ def test_invalid_folders_are_refused_in_one_line(tmp_path, capsys, tiny_onnx):
 
 
 def test_reading_is_bounded_by_the_batch_size(tmp_path, tiny_onnx, monkeypatch):
-    from index.pipeline.build_index import build_from_embeddings
+    from vitrieval.index.pipeline.build_index import build_from_embeddings
 
     folder = tmp_path / "emb"
     x = unit_rows(28)
@@ -482,7 +482,7 @@ def test_the_reservoir_sample_is_uniform():
 
 
 def test_the_training_sample_follows_the_factory():
-    from index.factory import MAX_TRAINING_VECTORS, training_sample_size
+    from vitrieval.index.factory import MAX_TRAINING_VECTORS, training_sample_size
 
     assert training_sample_size("Flat") == MAX_TRAINING_VECTORS == 200_000
     assert training_sample_size("IVF1024,Flat") == 200_000  # 39 x 1024 fewer

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.runtime.embedder import Embedder
-from training.config import FitConfig
-from training.data import build_transforms
-from training.trainer import prepare_run
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.training.config import FitConfig
+from vitrieval.training.data import build_transforms
+from vitrieval.training.trainer import prepare_run
 
 
 @pytest.mark.parametrize("mode", ["memory", "off"])

@@ -10,13 +10,17 @@ from PIL import Image
 from skimage import data as skdata
 from timm.data import create_transform
 
-import training.export as export_module
-from index.runtime.model_metadata import ModelMetadata, ModelMetadataError, read_model_metadata
-from index.runtime.preprocess import Preprocessor
-from training.config import FitConfig
-from training.export import ExportError, export_model, model_metadata
-from training.model import build_model, weights_fingerprint
-from training.pooling import pooling_names
+import vitrieval.training.export as export_module
+from vitrieval.index.runtime.model_metadata import (
+    ModelMetadata,
+    ModelMetadataError,
+    read_model_metadata,
+)
+from vitrieval.index.runtime.preprocess import Preprocessor
+from vitrieval.training.config import FitConfig
+from vitrieval.training.export import ExportError, export_model, model_metadata
+from vitrieval.training.model import build_model, weights_fingerprint
+from vitrieval.training.pooling import pooling_names
 
 
 @pytest.mark.parametrize("pool", pooling_names())

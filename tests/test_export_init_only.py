@@ -13,17 +13,17 @@ import torch
 from index_cli_helpers import run as run_index  # tests/index_cli_helpers.py
 from safetensors.torch import save_file
 
-import training.export as export_module
-from index.evaluation.datasets import load_dataset
-from index.runtime.embedder import Embedder
-from index.runtime.model_metadata import read_model_metadata
-from index.runtime.quantize import quantize_model
-from training.cli import main
-from training.config import FitConfig
-from training.epochs import seed_everything
-from training.export import export_model, model_metadata
-from training.model import build_model, weights_fingerprint
-from training.run_folder import model_from_config
+import vitrieval.training.export as export_module
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.runtime.quantize import quantize_model
+from vitrieval.training.cli import main
+from vitrieval.training.config import FitConfig
+from vitrieval.training.epochs import seed_everything
+from vitrieval.training.export import export_model, model_metadata
+from vitrieval.training.model import build_model, weights_fingerprint
+from vitrieval.training.run_folder import model_from_config
 
 VIT = "vit_tiny_patch16_224"  # the smallest timm ViT at its own 224 px input
 

@@ -1,11 +1,11 @@
-"""`index.factory`: the choice of `--factory auto` and its memory estimates."""
+"""`vitrieval.index.factory`: the choice of `--factory auto` and its memory estimates."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from index.factory import (
+from vitrieval.index.factory import (
     FactoryError,
     choose_factory,
     estimate_bytes,
@@ -123,7 +123,7 @@ def test_format_bytes():
 )
 def test_estimate_matches_the_saved_index(tmp_path, factory, n, dim):
     """The estimate is the size of the FAISS file the store writes, within 1%."""
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((n, dim)).astype(np.float32)

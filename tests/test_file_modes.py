@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.atomic import atomic_path, atomic_write_text
+from vitrieval.index.atomic import atomic_path, atomic_write_text
 
 
 @pytest.fixture
@@ -68,11 +68,11 @@ def test_atomic_writes_take_the_mode_of_the_umask(tmp_path, umask):
 
 
 def test_index_directory_is_readable_by_others(tmp_path, tiny_onnx, umask_022):
-    from index.evaluation.datasets import csv_list, load_dataset
-    from index.pipeline.build_index import build_index
-    from index.pipeline.sources import write_image_folder
-    from index.runtime.embedder import Embedder
-    from index.store import IndexStore
+    from vitrieval.index.evaluation.datasets import csv_list, load_dataset
+    from vitrieval.index.pipeline.build_index import build_index
+    from vitrieval.index.pipeline.sources import write_image_folder
+    from vitrieval.index.runtime.embedder import Embedder
+    from vitrieval.index.store import IndexStore
 
     split = load_dataset("digits", image_size=32)
     listing = write_image_folder(split.test[:20], tmp_path / "images")
@@ -86,9 +86,9 @@ def test_index_directory_is_readable_by_others(tmp_path, tiny_onnx, umask_022):
 
 
 def test_run_folder_and_exported_model_are_readable_by_others(tmp_path, umask_022):
-    from training.config import FitConfig
-    from training.export import export_run
-    from training.trainer import fit
+    from vitrieval.training.config import FitConfig
+    from vitrieval.training.export import export_run
+    from vitrieval.training.trainer import fit
 
     run = tmp_path / "run"
     fit(FitConfig(out=str(run), dataset="digits", epochs=1, batch_size=256, workers=0))

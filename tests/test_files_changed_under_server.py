@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 from serving import REPO, Server
 
-from index.store import IndexStore
+from vitrieval.index.store import IndexStore
 
 KINDS = ("faiss", "vectors.npy", "items.sqlite", "del")
 ACTIONS = ("truncate", "delete", "replace")
@@ -88,7 +88,7 @@ def test_segment_files_changed_under_a_running_server(digits_gallery, tmp_path) 
     shown = {s["number"]: s.get("damaged") for s in info.json()["index"]["segments"]}
     assert {shown[n] for n in numbers} == codes and str(tmp_path) not in info.text
     verify = subprocess.run(
-        [sys.executable, "-m", "index.cli", "verify", str(index)],
+        [sys.executable, "-m", "vitrieval.index.cli", "verify", str(index)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -34,15 +34,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_shards import in_process
 
-from index.pipeline.embeddings_folder import part_name, write_meta, write_part
-from index.shards.build import build_sharded
-from index.shards.store import open_index
-from index.store import IndexStore
-from index.store import _columns as column_module
-from index.store import _field_index as field_module
-from index.store import _filter_plans as filtering
-from index.store._columns import read_columns
-from index.store.filters import parse_filter
+from vitrieval.index.pipeline.embeddings_folder import part_name, write_meta, write_part
+from vitrieval.index.shards.build import build_sharded
+from vitrieval.index.shards.store import open_index
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store import _columns as column_module
+from vitrieval.index.store import _field_index as field_module
+from vitrieval.index.store import _filter_plans as filtering
+from vitrieval.index.store._columns import read_columns
+from vitrieval.index.store.filters import parse_filter
 
 DIM = 4
 N = 160

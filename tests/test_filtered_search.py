@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from store_helpers import brute_force, exact_vectors, unit_vectors
 
-from index.pipeline.embeddings_folder import write_part
-from index.shards import open_index
-from index.shards.build import build_shard, build_sharded
-from index.store import IndexStore, StoreError
-from index.store._filter_plans import IdSet, neighbourhood_widening
-from index.store.filters import parse_filter
+from vitrieval.index.pipeline.embeddings_folder import write_part
+from vitrieval.index.shards import open_index
+from vitrieval.index.shards.build import build_shard, build_sharded
+from vitrieval.index.store import IndexStore, StoreError
+from vitrieval.index.store._filter_plans import IdSet, neighbourhood_widening
+from vitrieval.index.store.filters import parse_filter
 
 COLOURS = ("red", "blue", "green", "black", "white")
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)
@@ -78,7 +78,7 @@ def search_path(request, monkeypatch) -> str:
     """Run a test both ways: the default plan, and every filter through FAISS's ID
     selector (the exact path turned off)."""
     if request.param == "id-selectors":
-        monkeypatch.setattr("index.store._filter_plans.EXACT_SEARCH_MAX", 0)
+        monkeypatch.setattr("vitrieval.index.store._filter_plans.EXACT_SEARCH_MAX", 0)
     return request.param
 
 
@@ -208,7 +208,7 @@ def test_a_segment_without_a_field_index_is_filtered_by_reading_metadata(tmp_pat
     # the in-memory segment its upgrade loads it into
     from test_segments import write_format_1
 
-    from index.store._upgrade_format1 import open_format1
+    from vitrieval.index.store._upgrade_format1 import open_format1
 
     rng = np.random.default_rng(4)
     x = exact_vectors(rng, 200, 16)
@@ -277,8 +277,8 @@ def test_a_bad_filter_is_a_store_error(tmp_path: Path) -> None:
 
 
 def test_the_leaf_cache_keeps_the_recent_conditions_within_its_budget() -> None:
-    from index.store._field_index import LeafCache
-    from index.store.filters import FieldRef, Match
+    from vitrieval.index.store._field_index import LeafCache
+    from vitrieval.index.store.filters import FieldRef, Match
 
     def leaf(v: str) -> Match:
         return Match(FieldRef(label=False, path=("colour",)), (v,))
@@ -302,7 +302,7 @@ def test_ivf_widens_for_a_filter_that_excludes_the_query_neighbourhood(
     # is widened by how deep the query's allowed top 10 lie among its unfiltered
     # neighbours, not by the filter's share of the index (widening by 3/4's inverse
     # alone gives recall@10 0.94 here)
-    monkeypatch.setattr("index.store._filter_plans.EXACT_SEARCH_MAX", 0)
+    monkeypatch.setattr("vitrieval.index.store._filter_plans.EXACT_SEARCH_MAX", 0)
     rng = np.random.default_rng(7)
     centres = unit_vectors(rng, 256, 32)
     cluster = rng.integers(256, size=20_000)

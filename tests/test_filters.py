@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from index.store import StoreError
-from index.store.filters import MAX_FILTER_CONDITIONS, MAX_FILTER_DEPTH, FilterError, parse_filter
+from vitrieval.index.store import StoreError
+from vitrieval.index.store.filters import (
+    MAX_FILTER_CONDITIONS,
+    MAX_FILTER_DEPTH,
+    FilterError,
+    parse_filter,
+)
 
 SHOE = {"colour": "red", "sizes": [38, 39], "price": 12.5, "shop": {"city": "Oslo"}}
 BOOT = {"colour": "black", "price": 80, "in_stock": True, "label": "winter"}

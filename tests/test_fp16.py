@@ -11,8 +11,8 @@ import onnx
 import pytest
 from PIL import Image
 
-from index.cli import main
-from index.runtime.embedder import Embedder
+from vitrieval.index.cli import main
+from vitrieval.index.runtime.embedder import Embedder
 
 
 def photos() -> list[Image.Image]:

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from store_helpers import exact_vectors, unit_vectors, with_duplicates
 
-from index.fusion import fuse_mean, merge_max
-from index.pipeline.embeddings_folder import write_part
-from index.query import AQE, MAX_AQE_NEIGHBOURS, Where, search_store, search_store_fused
-from index.shards import open_index
-from index.shards.build import build_shard, build_sharded
-from index.store import Hit, IndexStore
-from index.store.filters import parse_filter
+from vitrieval.index.fusion import fuse_mean, merge_max
+from vitrieval.index.pipeline.embeddings_folder import write_part
+from vitrieval.index.query import AQE, MAX_AQE_NEIGHBOURS, Where, search_store, search_store_fused
+from vitrieval.index.shards import open_index
+from vitrieval.index.shards.build import build_shard, build_sharded
+from vitrieval.index.store import Hit, IndexStore
+from vitrieval.index.store.filters import parse_filter
 
 COLOURS = ("red", "blue", "green")
 

@@ -21,14 +21,14 @@ import torch
 from PIL import Image
 from skimage import data as skdata
 
-import index.runtime.embedder as embedder_module
-from index import gpu_notice
-from index.runtime.embedder import CPU, CUDA, TENSORRT, Embedder
-from index.store import IndexStore, StoreError
-from training.config import ConfigError, FitConfig
-from training.device import describe_device, pick_device
-from training.losses import create_loss
-from training.model import build_model
+import vitrieval.index.runtime.embedder as embedder_module
+from vitrieval.index import gpu_notice
+from vitrieval.index.runtime.embedder import CPU, CUDA, TENSORRT, Embedder
+from vitrieval.index.store import IndexStore, StoreError
+from vitrieval.training.config import ConfigError, FitConfig
+from vitrieval.training.device import describe_device, pick_device
+from vitrieval.training.losses import create_loss
+from vitrieval.training.model import build_model
 
 
 def photos() -> list[Image.Image]:
@@ -118,7 +118,7 @@ def test_cuda_training_steps_with_amp(amp_dtype):
     """The training loops' step (training.amp.MixedPrecision: autocast, GradScaler enabled
     for float16 only, clipping) on CUDA: finite losses, every trainable tensor finite, the
     weights moved."""
-    from training.amp import MixedPrecision
+    from vitrieval.training.amp import MixedPrecision
 
     if amp_dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bfloat16")
@@ -152,9 +152,9 @@ def test_fit_on_cuda_with_amp(tmp_path: Path, capsys):
     weights different from the initialisation, the device line printed."""
     from safetensors.torch import load_file
 
-    from training.epochs import seed_everything
-    from training.run_folder import model_from_config
-    from training.trainer import fit
+    from vitrieval.training.epochs import seed_everything
+    from vitrieval.training.run_folder import model_from_config
+    from vitrieval.training.trainer import fit
 
     cfg = FitConfig(out=str(tmp_path / "run"), dataset="digits", epochs=1, device="cuda")
     row = fit(cfg)

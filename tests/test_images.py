@@ -9,13 +9,13 @@ import pytest
 from PIL import Image
 from skimage import data as skdata
 
-from index.runtime.images import (
+from vitrieval.index.runtime.images import (
     ImageDecodeError,
     ImageTooLargeError,
     UnsupportedFormatError,
     open_image,
 )
-from index.runtime.vips_decode import DECODER_ENV
+from vitrieval.index.runtime.vips_decode import DECODER_ENV
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +90,7 @@ def test_missing_file(tmp_path):
 
 
 def test_decode_plan_is_read_from_the_header() -> None:
-    from index.runtime.images import STRIP_BYTES_PER_PIXEL, plan_decode
+    from vitrieval.index.runtime.images import STRIP_BYTES_PER_PIXEL, plan_decode
 
     palette = Image.new("P", (4000, 3000))
     plan = plan_decode(encode(palette, "PNG", transparency=0), draft_size=200)
@@ -118,7 +118,7 @@ def test_decode_plan_is_read_from_the_header() -> None:
 
 
 def test_the_planned_jpeg_draft_size_is_what_pillow_decodes() -> None:
-    from index.runtime.images import plan_decode
+    from vitrieval.index.runtime.images import plan_decode
 
     for size, draft in (((1601, 1203), 150), ((999, 333), 100), ((640, 480), 300)):
         data = encode(Image.new("RGB", size, (10, 20, 30)), "JPEG")
@@ -127,7 +127,7 @@ def test_the_planned_jpeg_draft_size_is_what_pillow_decodes() -> None:
 
 @pytest.mark.parametrize("mode", ["P", "RGBA", "LA", "I;16", "RGB", "L"])
 def test_strip_wise_reduction_equals_converting_then_reducing(mode) -> None:
-    from index.runtime import images
+    from vitrieval.index.runtime import images
 
     rng = np.random.default_rng(0)
     if mode == "I;16":
@@ -158,7 +158,7 @@ def test_orientation_is_applied_after_the_reduction() -> None:
 
 
 def test_strips_beyond_the_aspect_ratio_limit_are_refused_before_decoding() -> None:
-    from index.runtime.images import MAX_ASPECT_RATIO, ImageShapeError
+    from vitrieval.index.runtime.images import MAX_ASPECT_RATIO, ImageShapeError
 
     with pytest.raises(ImageShapeError, match="more than 100:1"):
         open_image(encode(Image.new("L", (MAX_ASPECT_RATIO * 3 + 1, 3)), "PNG"))
@@ -183,7 +183,7 @@ def test_png_text_chunks_cannot_cost_memory() -> None:
 def test_decode_budget_refuses_waits_and_gives_back() -> None:
     import threading
 
-    from index.runtime.images import DecodeBudget, DecodeBudgetBusy
+    from vitrieval.index.runtime.images import DecodeBudget, DecodeBudgetBusy
 
     budget = DecodeBudget(100, wait_s=0.2)
     with pytest.raises(ImageTooLargeError, match="decode memory budget"), budget.reserve(101):

@@ -22,22 +22,30 @@ from pathlib import Path
 import pytest
 from test_serve_install import ALWAYS_BLOCKED as TORCH_PACKAGES
 
+from vitrieval._folders import SUBPACKAGE_FOLDERS
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("training", "index", "service", "distributed")
+# the repository's product folders and the package each installs as (setup.py)
+PACKAGES = {"vitrieval": "vitrieval", **{f: f"vitrieval.{f}" for f in SUBPACKAGE_FOLDERS}}
 
 
 def module_files(root: Path) -> dict[str, Path]:
-    """Dotted module name -> source file, for every module of the product packages."""
+    """Dotted module name (as installed) -> source file, for every product module."""
     modules = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
+    for folder, package in PACKAGES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
             if "__pycache__" in parts:
                 continue
-            if parts[-1] == "__init__":
+            if parts and parts[-1] == "__init__":
                 parts = parts[:-1]
-            modules[".".join(parts)] = path
+            modules[".".join([package, *parts])] = path
     return modules
+
+
+def folder_of(path: Path, root: Path) -> str:
+    """The product folder a module's source lies in."""
+    return path.relative_to(root).parts[0]
 
 
 def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -155,22 +163,23 @@ def shortest_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str
     return [start, start]
 
 
-def cycles(package: str, root: Path = ROOT) -> list[str]:
-    """Every import circle that passes through a module of `package`, one line each."""
+def cycles(folder: str, root: Path = ROOT) -> list[str]:
+    """Every import circle that passes through a module of `folder`, one line each."""
     graph = import_graph(root)
+    files = module_files(root)
     found = []
     for component in strongly_connected(graph):
-        if len(component) > 1 and any(m.split(".")[0] == package for m in component):
+        if len(component) > 1 and any(folder_of(files[m], root) == folder for m in component):
             found.append(" -> ".join(shortest_cycle(graph, component)))
     return found
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_no_import_cycle(package):
-    found = cycles(package)
+@pytest.mark.parametrize("folder", PACKAGES)
+def test_no_import_cycle(folder):
+    found = cycles(folder)
     for line in found:
         print(f"import cycle: {line}")
-    assert not found, f"import cycles through {package}: " + "; ".join(found)
+    assert not found, f"import cycles through {folder}/: " + "; ".join(found)
 
 
 def test_the_graph_sees_every_kind_of_import(tmp_path):
@@ -182,22 +191,29 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("from .. import a\n")
     (pkg / "a.py").write_text("import os\n\ndef f():\n    from .sub import b\n")
-    (pkg / "sub" / "b.py").write_text("from training import c\nfrom training.a import f\n")
+    (pkg / "sub" / "b.py").write_text(
+        "from vitrieval.training import c\nfrom vitrieval.training.a import f\n"
+    )
     (pkg / "c.py").write_text(
         "from typing import TYPE_CHECKING\n\nfrom .sub.b import name\n\n"
         "if TYPE_CHECKING:\n    from .a import f\n"
     )
-    for package in PACKAGES[1:]:
-        (tmp_path / package).mkdir()
-    graph = import_graph(tmp_path)
-    assert graph == {
+    for folder in PACKAGES:
+        (tmp_path / folder).mkdir(exist_ok=True)
+    (tmp_path / "vitrieval" / "__init__.py").write_text("")
+    graph = {name[len("vitrieval.") :]: edges for name, edges in import_graph(tmp_path).items()}
+    short = {name: {e[len("vitrieval.") :] for e in edges} for name, edges in graph.items()}
+    assert short == {
+        "": set(),
         "training": set(),
         "training.a": {"training.sub.b"},
         "training.c": {"training.a", "training.sub.b"},
         "training.sub": {"training.a"},
         "training.sub.b": {"training.a", "training.c"},
     }
-    assert cycles("training", tmp_path) == ["training.a -> training.sub.b -> training.a"]
+    assert cycles("training", tmp_path) == [
+        "vitrieval.training.a -> vitrieval.training.sub.b -> vitrieval.training.a"
+    ]
     assert cycles("index", tmp_path) == []
 
 
@@ -225,8 +241,8 @@ def torch_imports(source: str) -> list[tuple[int, str]]:
 def test_index_and_service_never_import_torch():
     found = [
         f"{path.relative_to(ROOT)}:{line} {module}"
-        for name, path in module_files(ROOT).items()
-        if name.split(".")[0] in TORCH_FREE
+        for path in module_files(ROOT).values()
+        if folder_of(path, ROOT) in TORCH_FREE
         for line, module in torch_imports(path.read_text())
     ]
     assert not found, found

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.evaluation.datasets import load_dataset
+from vitrieval.index.evaluation.datasets import load_dataset
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +109,11 @@ def test_text_output_of_search_info_and_remove(tmp_path, capsys, photo_folder, t
 def test_build_factory_auto_and_memory_budget(
     tmp_path, capsys, photo_folder, tiny_onnx, monkeypatch
 ):
-    import index.factory
+    import vitrieval.index.factory as factory_module
 
     build = ("build", "--model", tiny_onnx, "--images", photo_folder)
     # as if 40 images were a large catalogue: an inverted file (40 // 39 -> 1 list)
-    monkeypatch.setattr(index.factory, "FLAT_BELOW", 10)
+    monkeypatch.setattr(factory_module, "FLAT_BELOW", 10)
     code, out, err = run(capsys, *build, "--out", tmp_path / "ivf")
     assert code == 0, err
     assert out.splitlines()[0].startswith("factory auto: IVF1,Flat for 40 vectors of dimension")
@@ -325,7 +325,7 @@ def test_export_dataset_keys_are_those_of_a_folder_build(tmp_path, capsys, tiny_
     build = ("build", "--model", tiny_onnx, "--images")
     assert run(capsys, *build, images, "--labels-from-folders", "--out", tmp_path / "a")[0] == 0
     assert run(capsys, *build, images / "list.csv", "--out", tmp_path / "b")[0] == 0
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     by_folder, by_csv = IndexStore.open(tmp_path / "a"), IndexStore.open(tmp_path / "b")
     assert len(by_folder) == len(by_csv) == 539
@@ -365,7 +365,7 @@ def test_user_errors_one_line(capsys, argv, needle):
     ],
 )
 def test_global_flags_before_and_after_the_command(argv):
-    from index.cli import build_parser
+    from vitrieval.index.cli import build_parser
 
     parser = build_parser()
     assert parser.parse_args(argv).verbose is False

@@ -10,7 +10,7 @@ from index_cli_helpers import run  # tests/index_cli_helpers.py
 from store_helpers import exact_vectors
 from test_segments import saved_in_parts, write_format_1
 
-from index.store import IndexStore
+from vitrieval.index.store import IndexStore
 
 
 def test_verify_passes_then_names_a_damaged_file(tmp_path: Path, capsys) -> None:

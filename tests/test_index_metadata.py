@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.evaluation.datasets import DatasetError, csv_list, load_dataset
+from vitrieval.index.evaluation.datasets import DatasetError, csv_list, load_dataset
 
 COLOURS = ("red", "blue")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index.evaluation.datasets import load_dataset
+from vitrieval.index.evaluation.datasets import load_dataset
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def photos(tmp_path_factory) -> Path:
 
 
 def test_an_index_of_another_dimension_says_what_to_do(tmp_path, capsys, photos, tiny_onnx):
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     index = tmp_path / "idx"
     IndexStore.create(index, dim=384, fingerprint="f" * 64).save()
@@ -70,7 +70,7 @@ def test_checkpoints_and_folders_as_model(tmp_path, capsys, photos, tiny_onnx):
 
 
 def test_files_without_an_image_suffix_are_counted(tmp_path, capsys, caplog, photos, tiny_onnx):
-    caplog.set_level(logging.INFO, logger="index.pipeline.sources")
+    caplog.set_level(logging.INFO, logger="vitrieval.index.pipeline.sources")
     out = tmp_path / "index"
     code, text, err = run(
         capsys, "build", "--model", tiny_onnx, "--images", photos, "--out", out, "-v"

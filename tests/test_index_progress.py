@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-from index import progress
-from index.evaluation.datasets import load_dataset
+from vitrieval.index import progress
+from vitrieval.index.evaluation.datasets import load_dataset
 
 
 def test_line_progress_is_rate_limited(monkeypatch):
@@ -51,7 +51,11 @@ def test_rerun_with_nothing_left_says_already_finished(tmp_path, capsys, small_f
 
 
 def test_embed_cuts_a_small_catalogue_into_several_parts():
-    from index.pipeline.embed_folder import DEFAULT_PARTS, MAX_PART_SIZE, default_part_size
+    from vitrieval.index.pipeline.embed_folder import (
+        DEFAULT_PARTS,
+        MAX_PART_SIZE,
+        default_part_size,
+    )
 
     # with one fixed size of 50,000 every catalogue below it was one part: `embed --ray`
     # showed 0 until it ended, and a Ctrl-C of the local embed kept nothing

@@ -42,7 +42,7 @@ def test_ctrl_c_stops_at_once_and_says_how_to_go_on(tmp_path, many_small, tiny_o
     if command == "embed":
         argv += ["--part-size", "512"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "index.cli", *argv],
+        [sys.executable, "-m", "vitrieval.index.cli", *argv],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -93,7 +93,7 @@ def test_ctrl_c_stops_at_once_and_says_how_to_go_on(tmp_path, many_small, tiny_o
 
 def _run_cli(argv: list[str]) -> tuple[int, str, str]:
     done = subprocess.run(
-        [sys.executable, "-m", "index.cli", *argv],
+        [sys.executable, "-m", "vitrieval.index.cli", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -106,8 +106,8 @@ def _run_cli(argv: list[str]) -> tuple[int, str, str]:
 def test_add_to_a_served_index_is_refused_before_embedding(
     tmp_path, capsys, monkeypatch, many_small, tiny_onnx
 ):
-    from index.runtime.embedder import Embedder
-    from index.store._journal import JournalOwner
+    from vitrieval.index.runtime.embedder import Embedder
+    from vitrieval.index.store._journal import JournalOwner
 
     index = tmp_path / "index"
     first = tmp_path / "first"

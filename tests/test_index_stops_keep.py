@@ -16,8 +16,8 @@ import pytest
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 from PIL import Image
 
-from index.runtime.embedder import Embedder
-from index.store import FolderNotEmptyError, IndexStore
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.store import FolderNotEmptyError, IndexStore
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_build_stop_line_and_last_progress_line_say_what_the_index_holds(
 def test_build_stopped_twice_before_its_first_commit_runs_again(
     tmp_path, capsys, monkeypatch, images, tiny_onnx
 ):
-    from index.store import _persist as persist
+    from vitrieval.index.store import _persist as persist
 
     out = tmp_path / "index"
     argv = ("build", "--model", tiny_onnx, "--images", images, "--out", out, "--device", "cpu")
@@ -144,9 +144,9 @@ def test_only_a_first_saves_leftovers_count_as_empty(tmp_path, capsys, tiny_onnx
 def test_build_from_embeddings_stopped_keeps_and_says_what_it_added(
     tmp_path, capsys, monkeypatch, images, tiny_onnx
 ):
-    from index.pipeline.build_index import build_from_embeddings
-    from index.pipeline.embeddings_folder import EmbeddingsFolder
-    from index.stopping import Stopped
+    from vitrieval.index.pipeline.build_index import build_from_embeddings
+    from vitrieval.index.pipeline.embeddings_folder import EmbeddingsFolder
+    from vitrieval.index.stopping import Stopped
 
     folder = tmp_path / "emb"
     code, _, err = run(capsys, "embed", "--model", tiny_onnx, "--images", images, "--out", folder)

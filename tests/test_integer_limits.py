@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from app_client import AUTH
 
-from index.pipeline.embeddings_folder import write_meta, write_part
-from index.runtime.model_metadata import read_model_metadata
-from index.store import IndexStore, StoreError
-from index.store._journal import Journal
+from vitrieval.index.pipeline.embeddings_folder import write_meta, write_part
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.store import IndexStore, StoreError
+from vitrieval.index.store._journal import Journal
 
 HUGE = [2**63, -(2**63) - 1, 10**400]
 DIM = 8
@@ -36,7 +36,10 @@ def unit(seed: int) -> np.ndarray:
 
 def vitrieval_index(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "index.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "vitrieval.index.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -103,7 +106,9 @@ def test_an_index_already_holding_such_items_opens_and_verify_lists_them(
 ) -> None:
     directory = tmp_path / "index"
     with monkeypatch.context() as older:  # an older version did not check
-        older.setattr("index.store.validation.find_outside_int64", lambda value, where: None)
+        older.setattr(
+            "vitrieval.index.store.validation.find_outside_int64", lambda value, where: None
+        )
         store = IndexStore.create(directory, dim=DIM, factory="Flat")
         store.add(
             ["a", "b", "v/."],
@@ -148,7 +153,7 @@ def test_an_older_journal_row_stops_the_open_in_one_line_and_repair_sets_it_asid
     assert info.returncode == 2 and one_line(info.stderr), info.stderr
     assert "verify --repair" in info.stderr
 
-    from index.store._journal_repair import REJECTED_FILE
+    from vitrieval.index.store._journal_repair import REJECTED_FILE
 
     repaired = vitrieval_index("verify", "--repair", str(directory))
     assert repaired.returncode == 0, repaired.stderr

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training import interrupt
-from training.interrupt import Interrupted
+from vitrieval.training import interrupt
+from vitrieval.training.interrupt import Interrupted
 
-TRAIN = [sys.executable, "-m", "training.cli"]
+TRAIN = [sys.executable, "-m", "vitrieval.training.cli"]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -309,7 +309,7 @@ def test_ctrl_c_stops_fit_with_its_workers(tmp_path):
 
 def test_a_missing_training_package_is_one_line(monkeypatch, capsys) -> None:
     """In a serving install (no torch), a training command names the install it needs."""
-    import training.cli as cli
+    import vitrieval.training.cli as cli
 
     def needs_torch(args) -> int:
         raise ModuleNotFoundError("No module named 'torch'", name="torch")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.evaluation.metrics import isotropy_score
+from vitrieval.index.evaluation.metrics import isotropy_score
 
 
 def reference_score(X: np.ndarray) -> float:

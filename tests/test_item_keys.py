@@ -19,10 +19,10 @@ import pytest
 from index_cli_helpers import run
 from serving import Server
 
-from index.pipeline.embeddings_folder import write_part
-from index.runtime.embedder import Embedder
-from index.store import IndexStore
-from index.store.validation import key_problem
+from vitrieval.index.pipeline.embeddings_folder import write_part
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store.validation import key_problem
 
 KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}

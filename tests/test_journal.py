@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.store import IndexStore, StoreError
-from index.store._journal import JOURNAL_FILE, JournalIntegrityError, row_checksum
+from vitrieval.index.store import IndexStore, StoreError
+from vitrieval.index.store._journal import JOURNAL_FILE, JournalIntegrityError, row_checksum
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 16
@@ -128,7 +128,7 @@ _WRITER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     store = IndexStore.open(sys.argv[1], journal=True)
     rng = np.random.default_rng(7)

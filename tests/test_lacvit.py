@@ -13,15 +13,15 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 from torch import nn
 
-from index.evaluation.datasets import load_dataset
-from index.evaluation.metrics import isotropy_score
-from index.runtime.model_metadata import read_model_metadata
-from training.augment import TwoViews, contrastive_view_transform, light_transform
-from training.cli import main
-from training.config import FitConfig
-from training.data import build_transforms
-from training.evaluate import embed_items
-from training.lacvit import (
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.evaluation.metrics import isotropy_score
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.training.augment import TwoViews, contrastive_view_transform, light_transform
+from vitrieval.training.cli import main
+from vitrieval.training.config import FitConfig
+from vitrieval.training.data import build_transforms
+from vitrieval.training.evaluate import embed_items
+from vitrieval.training.lacvit import (
     Data,
     LinearClassifier,
     ProjectionHead,
@@ -29,7 +29,7 @@ from training.lacvit import (
     top1_accuracy,
     train_probe,
 )
-from training.model import build_model
+from vitrieval.training.model import build_model
 
 CLASSES = 4
 PER_CLASS = 16

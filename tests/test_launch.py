@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from index.cli import launch
+from vitrieval.index.cli import launch
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(sys.executable).parent
@@ -23,7 +23,7 @@ def test_every_console_script_goes_through_the_launcher() -> None:
     assert set(scripts) == {"vitrieval-index", "vitrieval-train", "vitrieval-serve"}
     for name, target in scripts.items():
         module, _, function = target.partition(":")
-        assert module == "index.cli.launch", name
+        assert module == "vitrieval.index.cli.launch", name
         assert callable(getattr(launch, function)), target
 
 

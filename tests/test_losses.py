@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.losses import NormSoftmaxLoss, UnknownLossError, create_loss, loss_names
+from vitrieval.training.losses import NormSoftmaxLoss, UnknownLossError, create_loss, loss_names
 
 
 def test_norm_softmax_hand_computation():

@@ -29,7 +29,7 @@ def vector(i: int) -> list[float]:
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "index.cli", *args],
+        [sys.executable, "-m", "vitrieval.index.cli", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

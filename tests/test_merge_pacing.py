@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import faiss
 
-from service import maintenance
-from service.maintenance import MERGE_NICE, pace_this_thread
+from vitrieval.service import maintenance
+from vitrieval.service.maintenance import MERGE_NICE, pace_this_thread
 
 
 def _threads_and_niceness() -> tuple[int, int]:

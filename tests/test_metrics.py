@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from index.evaluation.metrics import retrieval_metrics
+from vitrieval.index.evaluation.metrics import retrieval_metrics
 
 METRIC_KEYS = ("map", "map_at_r", "r_precision")
 

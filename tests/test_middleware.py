@@ -11,9 +11,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from service.errors import install_error_handlers
-from service.metrics import ServiceMetrics
-from service.middleware import LimitsMiddleware, MetricsMiddleware
+from vitrieval.service.errors import install_error_handlers
+from vitrieval.service.metrics import ServiceMetrics
+from vitrieval.service.middleware import LimitsMiddleware, MetricsMiddleware
 
 
 def edge_app(**limits) -> tuple[FastAPI, asyncio.Event]:

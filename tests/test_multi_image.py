@@ -14,10 +14,10 @@ import pytest
 from app_client import ODD, make_client
 from fastapi.testclient import TestClient
 
-from index.fusion import fuse_mean
-from index.query import AQE, Where, search_store_fused
-from service.inputs import MAX_FORM_FIELDS
-from service.schemas import MAX_QUERY_IMAGES
+from vitrieval.index.fusion import fuse_mean
+from vitrieval.index.query import AQE, Where, search_store_fused
+from vitrieval.service.inputs import MAX_FORM_FIELDS
+from vitrieval.service.schemas import MAX_QUERY_IMAGES
 
 
 def images_of(gallery, *indices: int) -> list[bytes]:
@@ -209,7 +209,7 @@ def test_a_bad_image_among_good_ones_is_named(client, gallery) -> None:
 
 def test_images_that_cancel_out_are_a_422_for_mean_fusion(client, monkeypatch) -> None:
     """Two images whose embeddings are opposite (made so by a stand-in model call)."""
-    import service.routers.search as route
+    import vitrieval.service.routers.search as route
 
     async def opposite(state, images, timings):
         v = np.zeros(128, dtype=np.float32)

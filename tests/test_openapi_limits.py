@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
-from service.app import create_app
-from service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, openapi_body
-from service.routers.items import MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
-from service.schemas import (
+from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
+from vitrieval.service.app import create_app
+from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, openapi_body
+from vitrieval.service.routers.items import MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
+from vitrieval.service.schemas import (
     KEY_PATTERN,
     MAX_EVALUATE_KS,
     MAX_EVALUATE_QUERIES,
@@ -28,8 +28,8 @@ from service.schemas import (
     MAX_QUERY_IMAGES,
     MAX_VECTOR_LENGTH,
 )
-from service.settings import Settings
-from service.text import MAX_LABEL_LENGTH
+from vitrieval.service.settings import Settings
+from vitrieval.service.text import MAX_LABEL_LENGTH
 
 LIMIT_KEYWORDS = (
     "minimum",

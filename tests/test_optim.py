@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from training.losses import NormSoftmaxLoss
-from training.model import build_model
-from training.optim import layer_id, lr_at, param_groups
+from vitrieval.training.losses import NormSoftmaxLoss
+from vitrieval.training.model import build_model
+from vitrieval.training.optim import layer_id, lr_at, param_groups
 
 
 def test_layer_ids():

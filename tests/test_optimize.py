@@ -12,14 +12,19 @@ import pytest
 import torch
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 
-import index.runtime.optimize as optimize_module
-from index.runtime.embedder import Embedder
-from index.runtime.model_metadata import ModelMetadataError, read_model_metadata
-from index.runtime.optimize import COSINE_FLOOR, OptimizeError, default_check_images, optimize_model
-from index.runtime.quantize import quantize_model, quantized_fingerprint
-from training.config import FitConfig
-from training.export import export_model, model_metadata
-from training.model import build_model
+import vitrieval.index.runtime.optimize as optimize_module
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.model_metadata import ModelMetadataError, read_model_metadata
+from vitrieval.index.runtime.optimize import (
+    COSINE_FLOOR,
+    OptimizeError,
+    default_check_images,
+    optimize_model,
+)
+from vitrieval.index.runtime.quantize import quantize_model, quantized_fingerprint
+from vitrieval.training.config import FitConfig
+from vitrieval.training.export import export_model, model_metadata
+from vitrieval.training.model import build_model
 
 
 def op_counts(path) -> collections.Counter:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training.cli import build_parser
-from training.config import (
+from vitrieval.training.cli import build_parser
+from vitrieval.training.config import (
     LOSS_FLAGS,
     LOSS_OPTIONS,
     POOL_FLAGS,
@@ -24,7 +24,7 @@ from training.config import (
     config_from_args,
     load_config_file,
 )
-from training.losses import (
+from vitrieval.training.losses import (
     DenseContrastiveLoss,
     InfoNCELoss,
     NormSoftmaxLoss,
@@ -33,17 +33,17 @@ from training.losses import (
     create_loss,
     loss_names,
 )
-from training.losses.registry import LOSSES as LOSS_REGISTRY
-from training.options import (
+from vitrieval.training.losses.registry import LOSSES as LOSS_REGISTRY
+from vitrieval.training.options import (
     LOSSES,
     POOLINGS,
     DenseContrastiveOptions,
     InfoNCEOptions,
     option,
 )
-from training.options import flag_options as derive_flags
-from training.pooling import CCBP, JCF, GeM, GGeM, create_pooling, pooling_names
-from training.pooling.registry import POOLINGS as POOL_REGISTRY
+from vitrieval.training.options import flag_options as derive_flags
+from vitrieval.training.pooling import CCBP, JCF, GeM, GGeM, create_pooling, pooling_names
+from vitrieval.training.pooling.registry import POOLINGS as POOL_REGISTRY
 
 CONSTRUCTORS = {
     "gem": GeM,
@@ -293,13 +293,13 @@ def test_bounds_are_the_declared_rules():
 
 HELP_MODULES = """
 import sys
-from training.cli import main
+from vitrieval.training.cli import main
 try:
     main(sys.argv[1:])
 except SystemExit:
     pass
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm", "torchvision"))
-print("HEAVY", heavy, "training.options" in sys.modules)
+print("HEAVY", heavy, "vitrieval.training.options" in sys.modules)
 """
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.analyze import Embedded, ModelRef, pair_cosines, plot_similarity
-from training.plots import plot_curves
+from vitrieval.training.analyze import Embedded, ModelRef, pair_cosines, plot_similarity
+from vitrieval.training.plots import plot_curves
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

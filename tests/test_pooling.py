@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.pooling import (
+from vitrieval.training.pooling import (
     AvgPooling,
     ClsPooling,
     GeM,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from vitrieval._folders import SUBPACKAGE_FOLDERS
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("index", "service", "training", "distributed")
+PACKAGES = ("vitrieval", *SUBPACKAGE_FOLDERS)
 
 # documented stdlib functions whose names happen to start with an underscore
 ALLOWED = {

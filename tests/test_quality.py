@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from index.evaluation.datasets import load_dataset
-from index.evaluation.metrics import retrieval_metrics
-from training.cli import main
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.index.evaluation.metrics import retrieval_metrics
+from vitrieval.training.cli import main
 
 
 def raw_pixel_recall_at_1() -> float:

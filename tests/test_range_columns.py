@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from store_helpers import unit_vectors
 
-from index.store import IndexStore
-from index.store import _field_index as fx
-from index.store import manifest as mf
-from index.store._columns import EXACT_FLOAT_INTEGERS, read_columns
-from index.store.filters import Match, Range, field_values, parse_filter
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store import _field_index as fx
+from vitrieval.index.store import manifest as mf
+from vitrieval.index.store._columns import EXACT_FLOAT_INTEGERS, read_columns
+from vitrieval.index.store.filters import Match, Range, field_values, parse_filter
 
 N = 600
 

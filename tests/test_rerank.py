@@ -15,8 +15,8 @@ from index_cli_helpers import run  # tests/index_cli_helpers.py
 from PIL import Image
 from skimage import data as skdata
 
-from index.evaluation.metrics import query_metrics, retrieval_metrics
-from index.rerank import (
+from vitrieval.index.evaluation.metrics import query_metrics, retrieval_metrics
+from vitrieval.index.rerank import (
     METHODS,
     RerankSettings,
     aqe_vectors,
@@ -256,9 +256,9 @@ def test_bench_rerank_leave_one_out(tmp_path, capsys, tiny_onnx):
 
 
 def test_bench_rerank_queries_against_a_gallery(tiny_onnx):
-    from index.evaluation.benchmark import run_benchmark
-    from index.evaluation.datasets import load_dataset
-    from index.runtime.embedder import Embedder
+    from vitrieval.index.evaluation.benchmark import run_benchmark
+    from vitrieval.index.evaluation.datasets import load_dataset
+    from vitrieval.index.runtime.embedder import Embedder
 
     items = load_dataset("digits", image_size=32).test
     embedder = Embedder(tiny_onnx)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from training.samplers import ClassBalancedBatchSampler
+from vitrieval.training.samplers import ClassBalancedBatchSampler
 
 # 6 classes (labels not contiguous) with 10, 8, 6, 5, 3 and 1 items, interleaved.
 SIZES = {0: 10, 3: 8, 4: 6, 7: 5, 9: 3, 12: 1}

@@ -18,14 +18,14 @@ from app_client import AUTH, KEY, ODD
 from fastapi.testclient import TestClient
 from ray_cluster import NO_RAY, ray_missing
 
-from index.evaluation.metrics import retrieval_metrics
-from index.query import AQE, MAX_AQE_NEIGHBOURS, Where, search_store
-from index.shards import open_index
-from index.store import IndexStore, StoreError
-from index.store.filters import MAX_FILTER_DEPTH
-from service.app import create_app
-from service.settings import Settings
-from service.state import check_vector
+from vitrieval.index.evaluation.metrics import retrieval_metrics
+from vitrieval.index.query import AQE, MAX_AQE_NEIGHBOURS, Where, search_store
+from vitrieval.index.shards import open_index
+from vitrieval.index.store import IndexStore, StoreError
+from vitrieval.index.store.filters import MAX_FILTER_DEPTH
+from vitrieval.service.app import create_app
+from vitrieval.service.settings import Settings
+from vitrieval.service.state import check_vector
 
 
 def keys_scores(hits: list[dict]) -> list[tuple[str, float]]:
@@ -384,10 +384,10 @@ class _Handle:
 
 @pytest.mark.skipif(ray_missing(), reason=NO_RAY)
 def test_the_ray_ingress_index_passes_filters_and_reads_vectors(tmp_path) -> None:
-    from distributed.serve.ingress import RemoteIndex
-    from distributed.serve.replicas import ShardReplica
-    from index.pipeline.embeddings_folder import write_part
-    from index.shards.build import build_shard, build_sharded
+    from vitrieval.distributed.serve.ingress import RemoteIndex
+    from vitrieval.distributed.serve.replicas import ShardReplica
+    from vitrieval.index.pipeline.embeddings_folder import write_part
+    from vitrieval.index.shards.build import build_shard, build_sharded
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((200, 16)).astype(np.float32)
@@ -403,7 +403,7 @@ def test_the_ray_ingress_index_passes_filters_and_reads_vectors(tmp_path) -> Non
     flt = {"must": [{"key": "colour", "match": "red"}, {"key": "price", "range": {"lt": 150}}]}
 
     async def scenario(sharded, aqe) -> None:
-        from index.query import search
+        from vitrieval.index.query import search
 
         replicas = [
             ShardReplica(str(tmp_path / "sharded" / name), None, 16)

@@ -13,13 +13,13 @@ from safetensors.torch import load_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from training.cli import build_parser, main
-from training.config import FitConfig, config_from_args
-from training.export import export_model, model_metadata
-from training.flops import counted_flops, model_flops, pooling_flops
-from training.model import build_model
-from training.pooling import CCBP, JCF, create_pooling, pooling_names
-from training.run_folder import model_from_config
+from vitrieval.training.cli import build_parser, main
+from vitrieval.training.config import FitConfig, config_from_args
+from vitrieval.training.export import export_model, model_metadata
+from vitrieval.training.flops import counted_flops, model_flops, pooling_flops
+from vitrieval.training.model import build_model
+from vitrieval.training.pooling import CCBP, JCF, create_pooling, pooling_names
+from vitrieval.training.run_folder import model_from_config
 
 SMALL = {"in_dim": 12, "d": 8, "out_dim": 6, "codebook": 5}
 

@@ -8,10 +8,10 @@ import inspect
 import numpy as np
 import pytest
 
-from index.store import IndexStore
-from index.store._memory_segment import MemorySegment
-from index.store._sealed_segment import SealedSegment
-from index.store.segment_contract import Segment
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store._memory_segment import MemorySegment
+from vitrieval.index.store._sealed_segment import SealedSegment
+from vitrieval.index.store.segment_contract import Segment
 
 METHODS = sorted(
     name

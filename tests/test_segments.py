@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 from store_helpers import as_pairs, brute_force, exact_vectors, unit_vectors
 
-from index.store import IndexStore, StoreError, upgrade
-from index.store import _sealed_segment as segment_module
-from index.store._leases import LEASE_DIR
-from index.store._merge_policy import FLOOR_ROWS, MERGE_FACTOR, pick_merge, tier
+from vitrieval.index.store import IndexStore, StoreError, upgrade
+from vitrieval.index.store import _sealed_segment as segment_module
+from vitrieval.index.store._leases import LEASE_DIR
+from vitrieval.index.store._merge_policy import FLOOR_ROWS, MERGE_FACTOR, pick_merge, tier
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +196,7 @@ def test_searches_and_writes_go_on_during_a_merge(tmp_path: Path, monkeypatch) -
         return result
 
     monkeypatch.setattr(segment_module, "write_segment", slow_write)
-    import index.store._persist as persist_module
+    import vitrieval.index.store._persist as persist_module
 
     monkeypatch.setattr(persist_module, "write_segment", slow_write)
     merger = threading.Thread(target=store.merge, kwargs={"everything": True})
@@ -215,7 +215,7 @@ def test_checkpoints_do_not_hold_the_search_lock(tmp_path: Path, monkeypatch) ->
     x = unit_vectors(rng, 400)
     store = saved_in_parts(tmp_path / "idx", x[:300], 1)
     store.add([str(i) for i in range(300, 400)], x[300:])
-    import index.store._persist as persist_module
+    import vitrieval.index.store._persist as persist_module
 
     real_write = persist_module.write_segment
     searched = []
@@ -235,7 +235,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     store = IndexStore.open(sys.argv[1])
     print("ready", flush=True)
@@ -429,7 +429,7 @@ def test_a_format_2_index_opens_read_only_and_upgrade_writes_its_columns(
 def test_an_upgrade_that_fails_midway_leaves_format_1(tmp_path: Path, monkeypatch) -> None:
     x = exact_vectors(np.random.default_rng(9), 50)
     write_format_1(tmp_path / "old", x)
-    import index.store._persist as persist_module
+    import vitrieval.index.store._persist as persist_module
 
     def failing_commit(*args, **kwargs):
         raise OSError("disk full")
@@ -461,7 +461,7 @@ def _crash(store: IndexStore) -> None:
 
 
 def test_a_removal_after_a_failed_save_survives_the_next_save(tmp_path: Path, monkeypatch) -> None:
-    import index.store._persist as persist_module
+    import vitrieval.index.store._persist as persist_module
 
     x = unit_vectors(np.random.default_rng(10), 3)
     store = _journalled_store(tmp_path / "idx", x)
@@ -483,7 +483,7 @@ def test_a_removal_after_a_failed_save_survives_the_next_save(tmp_path: Path, mo
 
 
 def test_a_failure_opening_the_sealed_segment_loses_nothing(tmp_path: Path, monkeypatch) -> None:
-    import index.store._persist as persist_module
+    import vitrieval.index.store._persist as persist_module
 
     x = unit_vectors(np.random.default_rng(11), 3)
     store = _journalled_store(tmp_path / "idx", x)
@@ -506,7 +506,7 @@ def test_a_failure_opening_the_sealed_segment_loses_nothing(tmp_path: Path, monk
 def test_a_crash_after_the_commit_never_replays_what_it_holds(tmp_path: Path, monkeypatch) -> None:
     """A new index saved over one whose journal holds rows: if the process dies between
     the commit and the journal's truncation, the old rows are not replayed into it."""
-    import index.store._journal as journal_module
+    import vitrieval.index.store._journal as journal_module
 
     x = unit_vectors(np.random.default_rng(12), 4)
     old = _journalled_store(tmp_path / "idx", x)

@@ -125,7 +125,8 @@ def run(env: dict[str, str], *command: str, cwd: Path) -> subprocess.CompletedPr
 def test_the_serving_install_has_no_torch(serve_env, tmp_path):
     code = (
         "import importlib, sys\n"
-        "for name in ('torch', 'torchvision', 'timm', 'training.model', 'onnx', 'matplotlib'):\n"
+        "for name in ('torch', 'torchvision', 'timm', 'vitrieval.training.model', 'onnx',\n"
+        "             'matplotlib'):\n"
         "    try:\n"
         "        importlib.import_module(name)\n"
         "    except ModuleNotFoundError:\n"

@@ -17,9 +17,9 @@ from hostile_images import fuzzed, png_bomb
 from PIL import Image
 from pydantic import ValidationError
 
-from index.runtime.embedder import Embedder
-from service.layout import cpu_count
-from service.settings import Settings
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.service.layout import cpu_count
+from vitrieval.service.settings import Settings
 
 
 def upload(data: bytes, name: str = "q.png", **fields) -> dict:
@@ -349,7 +349,7 @@ def test_read_key_and_read_only(digits_gallery, served_index, gallery) -> None:
 def test_mutations_without_a_key_refuse_to_start(digits_gallery, served_index, capsys) -> None:
     with pytest.raises(ValidationError, match="VITRIEVAL_API_KEY"):
         Settings(model=digits_gallery["model"], index=served_index)
-    from service.cli import main
+    from vitrieval.service.cli import main
 
     code = main(["--model", str(digits_gallery["model"]), "--index", str(served_index)])
     err = capsys.readouterr().err
@@ -360,7 +360,7 @@ def test_mutations_without_a_key_refuse_to_start(digits_gallery, served_index, c
 
 
 def test_an_index_of_another_model_is_refused(tiny_onnx_other, served_index, capsys) -> None:
-    from service.cli import main
+    from vitrieval.service.cli import main
 
     code = main(["--model", str(tiny_onnx_other), "--index", str(served_index), "--read-only"])
     err = capsys.readouterr().err
@@ -371,7 +371,7 @@ def test_an_index_of_another_model_is_refused(tiny_onnx_other, served_index, cap
 
 
 def test_leave_one_out_equals_the_offline_benchmark(client, digits_gallery, tmp_path) -> None:
-    from index.cli import main as index_main
+    from vitrieval.index.cli import main as index_main
 
     out = tmp_path / "bench"
     assert (
@@ -402,7 +402,7 @@ def test_leave_one_out_equals_the_offline_benchmark(client, digits_gallery, tmp_
 
 
 def test_evaluate_uploaded_queries(client, gallery) -> None:
-    from index.evaluation.metrics import retrieval_metrics
+    from vitrieval.index.evaluation.metrics import retrieval_metrics
 
     queries = gallery[:6]
     body = {
@@ -516,7 +516,7 @@ def test_slow_requests_get_503_with_retry_after() -> None:
 
     from fastapi import FastAPI
 
-    from service.middleware import LimitsMiddleware
+    from vitrieval.service.middleware import LimitsMiddleware
 
     slow = FastAPI()
 

@@ -18,10 +18,10 @@ import pytest
 from app_client import AUTH, make_client
 from PIL import Image
 
-from index.pipeline.embeddings_folder import write_part
-from index.runtime.embedder import Embedder
-from index.shards.build import build_shard, build_sharded
-from index.store import IndexStore, StoreError
+from vitrieval.index.pipeline.embeddings_folder import write_part
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.shards.build import build_shard, build_sharded
+from vitrieval.index.store import IndexStore, StoreError
 
 VECTOR = [1.0] + [0.0] * 127
 
@@ -142,7 +142,7 @@ def test_dba_on_a_sharded_index_says_it_cannot_have_any(tiny_onnx, tmp_path) -> 
 
 
 def test_store_errors_answer_their_public_sentence_or_none_naming_a_path(caplog) -> None:
-    from service.errors import INDEX_REFUSED, store_error
+    from vitrieval.service.errors import INDEX_REFUSED, store_error
 
     plain = store_error(StoreError("k must be an integer >= 1, got 0"), 422, "invalid_request")
     assert (plain.status, plain.detail) == (422, "k must be an integer >= 1, got 0")

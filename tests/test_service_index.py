@@ -9,7 +9,7 @@ import time
 import httpx
 from serving import Server
 
-from index.store._merge_policy import MERGE_FACTOR
+from vitrieval.index.store._merge_policy import MERGE_FACTOR
 
 KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}

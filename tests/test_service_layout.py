@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.layout import ModelLayout, cpu_count, model_layout
-from service.settings import Settings
+from vitrieval.service.layout import ModelLayout, cpu_count, model_layout
+from vitrieval.service.settings import Settings
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 from serving import Server, free_port
 
-from index.store._journal import JOURNAL_FILE
+from vitrieval.index.store._journal import JOURNAL_FILE
 
 KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}
@@ -229,7 +229,7 @@ def test_an_oversized_json_body_gets_its_413(server) -> None:
 
 def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "vitrieval.service.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -276,7 +276,7 @@ def test_an_altered_journal_stops_serve_and_info_with_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"journal row {seq} fails its checksum" in lines[0], lines
     info = subprocess.run(
-        [sys.executable, "-m", "index.cli", "info", str(served_index)],
+        [sys.executable, "-m", "vitrieval.index.cli", "info", str(served_index)],
         capture_output=True,
         text=True,
         timeout=120,

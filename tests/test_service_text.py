@@ -9,9 +9,9 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
-from service.text import checked_key, find_unencodable, text_problem
+from vitrieval.service.app import create_app
+from vitrieval.service.settings import Settings
+from vitrieval.service.text import checked_key, find_unencodable, text_problem
 
 KEY = "test-write-key"
 AUTH = {"X-API-Key": KEY}

@@ -20,18 +20,18 @@ from fastapi.testclient import TestClient
 from index_cli_helpers import run  # tests/index_cli_helpers.py
 from store_helpers import brute_force, exact_vectors, unit_vectors, with_duplicates
 
-from index.evaluation.datasets import csv_list
-from index.pipeline.build_index import build_from_embeddings
-from index.pipeline.embeddings_folder import EmbeddingsFolder, write_part
-from index.runtime.model_metadata import read_model_metadata
-from index.shards import ShardedStore, open_index, shard_of
-from index.shards.build import build_shard, build_sharded
-from index.shards.layout import SHARDS_FILE, shard_name
-from index.store import IndexStore, KeyExistsError
-from index.store import manifest as mf
-from index.store._vectors import VectorIndex
-from service.app import create_app
-from service.settings import Settings
+from vitrieval.index.evaluation.datasets import csv_list
+from vitrieval.index.pipeline.build_index import build_from_embeddings
+from vitrieval.index.pipeline.embeddings_folder import EmbeddingsFolder, write_part
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.shards import ShardedStore, open_index, shard_of
+from vitrieval.index.shards.build import build_shard, build_sharded
+from vitrieval.index.shards.layout import SHARDS_FILE, shard_name
+from vitrieval.index.store import IndexStore, KeyExistsError
+from vitrieval.index.store import manifest as mf
+from vitrieval.index.store._vectors import VectorIndex
+from vitrieval.service.app import create_app
+from vitrieval.service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 FINGERPRINT = "f" * 64
@@ -260,7 +260,7 @@ def test_a_shard_of_an_older_format_is_reported_and_upgraded(tmp_path, tied, cap
 @pytest.fixture(scope="module")
 def digit_photos(tmp_path_factory) -> Path:
     """60 digit images in class folders, and their embeddings folder (tiny_onnx)."""
-    from index.evaluation.datasets import load_dataset
+    from vitrieval.index.evaluation.datasets import load_dataset
 
     root = tmp_path_factory.mktemp("digit_photos")
     for item in load_dataset("digits").train[:60]:
@@ -403,7 +403,7 @@ def test_a_killed_sharded_build_resumes_to_the_same_index(tmp_path, capsys, tiny
     argv = ["build", "--embeddings", emb, "--model", tiny_onnx, "--factory", "Flat",
             "--shards", "3", "--save-every", "40", "--out", out]  # fmt: skip
     process = subprocess.Popen(
-        [sys.executable, "-m", "index.cli", *map(str, argv)],
+        [sys.executable, "-m", "vitrieval.index.cli", *map(str, argv)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

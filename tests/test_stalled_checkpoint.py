@@ -13,8 +13,8 @@ import time
 import httpx
 from serving import Server
 
-from index.store import IndexStore
-from index.store.manifest import LOCK_FILE
+from vitrieval.index.store import IndexStore
+from vitrieval.index.store.manifest import LOCK_FILE
 
 KEY = "server-test-key-0123"
 AUTH = {"X-API-Key": KEY}

@@ -22,10 +22,10 @@ from store_helpers import (  # tests/store_helpers.py
     with_duplicates,
 )
 
-from index.runtime.model_metadata import read_model_metadata
-from index.store import IndexStore, StoreError, suggest_factory
-from index.store._leases import LEASE_DIR
-from index.store._vectors import VectorIndex
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.store import IndexStore, StoreError, suggest_factory
+from vitrieval.index.store._leases import LEASE_DIR
+from vitrieval.index.store._vectors import VectorIndex
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def test_label_filter_equals_brute_force_on_subset(tmp_path: Path, factory: str)
 def test_label_filter_without_selector_support(tmp_path: Path, monkeypatch) -> None:
     # IndexPQ rejects IDSelectors: the store over-fetches and post-filters instead
     # (a filter this small is searched exactly unless the exact path is turned off)
-    monkeypatch.setattr("index.store._filter_plans.EXACT_SEARCH_MAX", 0)
+    monkeypatch.setattr("vitrieval.index.store._filter_plans.EXACT_SEARCH_MAX", 0)
     rng = np.random.default_rng(7)
     x = unit_vectors(rng, 600, 32)
     labels = [f"c{i % 5}" for i in range(600)]

@@ -1,4 +1,4 @@
-"""index.store durability: damaged or missing files refused, debris ignored, one writer,
+"""vitrieval.index.store durability: damaged or missing files refused, debris ignored, one writer,
 concurrent searches during writes, and a committed state after SIGKILL mid-save."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from store_helpers import build, flip_byte, unit_vectors  # tests/store_helpers.py
 
-from index.store import IndexStore, StoreError
-from index.store._leases import LEASE_DIR
+from vitrieval.index.store import IndexStore, StoreError
+from vitrieval.index.store._leases import LEASE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ def test_second_writer_is_refused(saved_index: Path) -> None:
 def test_an_open_keeps_its_generation_when_a_merge_lands_meanwhile(
     saved_index: Path, monkeypatch
 ) -> None:
-    import index.store._sealed_segment as segment_module
+    import vitrieval.index.store._sealed_segment as segment_module
 
     real_init = segment_module.SealedSegment.__init__
     raced: list[int] = []
@@ -232,7 +232,7 @@ CHILD = textwrap.dedent(
     """
     import os, sys
     import numpy as np
-    from index.store import IndexStore
+    from vitrieval.index.store import IndexStore
 
     directory, factory = sys.argv[1], sys.argv[2]
     DIM, BATCH, WINDOW = 16, 64, 3

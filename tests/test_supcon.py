@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from training.losses.supcon import SupConLoss, create_supcon
+from vitrieval.training.losses.supcon import SupConLoss, create_supcon
 
 
 def unit_vectors(degrees: list[float], dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -15,10 +15,10 @@ import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
-from index.runtime.model_metadata import read_model_metadata
-from training.cli import main
-from training.config import FitConfig, load_config_file
-from training.trainer import fit
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.training.cli import main
+from vitrieval.training.config import FitConfig, load_config_file
+from vitrieval.training.trainer import fit
 
 FAST = ["--epochs", "2", "--batch-size", "128", "--workers", "0", "--warmup-epochs", "1"]
 
@@ -86,7 +86,7 @@ def test_resume_continues_exactly(tmp_path):
     ],
 )
 def test_global_flags_before_and_after_the_command(argv):
-    from training.cli import build_parser
+    from vitrieval.training.cli import build_parser
 
     parser = build_parser()
     assert parser.parse_args(argv).verbose is False
@@ -251,7 +251,7 @@ WITHOUT_TORCH = """
 import sys
 for name in ("torch", "timm", "torchvision"):
     sys.modules[name] = None
-from training.cli import main
+from vitrieval.training.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -314,7 +314,7 @@ def test_recipe_runs_stages_in_order(tmp_path, capsys):
     assert head["freeze_backbone"] is True and head["init"] is None
     assert full["init"] == str(run / "head") and full["lr"] == 1e-4
     # the frozen stage changed the head only: backbone weights equal a fresh seed-0 model
-    from training.run_folder import model_from_config
+    from vitrieval.training.run_folder import model_from_config
 
     torch.manual_seed(0)
     fresh = model_from_config(FitConfig(out="x", pool="avg"))
@@ -329,7 +329,7 @@ def test_recipe_runs_stages_in_order(tmp_path, capsys):
 
 def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
     """The fp16 loss scale goes into state.json and comes back on resume (off: nothing)."""
-    from training.checkpoint import restore_scaler, scaler_state
+    from vitrieval.training.checkpoint import restore_scaler, scaler_state
 
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
     grad = torch.nn.Parameter(torch.ones(2))
@@ -353,7 +353,7 @@ def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
 
 def test_claim_run_folder(tmp_path):
     """A run folder holding a run needs --resume; a resumed checkpoint must be its kind."""
-    from training.run_folder import TrainingError, claim_run_folder
+    from vitrieval.training.run_folder import TrainingError, claim_run_folder
 
     claim_run_folder(tmp_path / "new", resume=False)  # nothing there: fine
     (tmp_path / "checkpoint").mkdir()
@@ -369,7 +369,7 @@ def test_claim_run_folder(tmp_path):
 def test_mixed_precision_on_cpu_is_a_plain_clipped_step():
     """Off the GPU, MixedPrecision is float32: no autocast, no scaling; its step equals
     zero_grad + backward + clip_grad_norm_ + step done by hand."""
-    from training.amp import MixedPrecision
+    from vitrieval.training.amp import MixedPrecision
 
     amp = MixedPrecision(True, torch.device("cpu"))
     assert not amp.on and amp.active_dtype is None and not amp.scaler.is_enabled()

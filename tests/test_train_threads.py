@@ -9,8 +9,8 @@ import torch
 import yaml
 from PIL import Image
 
-from training.cli import build_parser, main
-from training.threads import (
+from vitrieval.training.cli import build_parser, main
+from vitrieval.training.threads import (
     MAX_AUTO_THREADS,
     ThreadsError,
     auto_threads,

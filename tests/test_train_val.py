@@ -13,9 +13,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import training.data
-from index.evaluation.datasets import load_dataset
-from training.cli import main
+import vitrieval.training.data as data_module
+from vitrieval.index.evaluation.datasets import load_dataset
+from vitrieval.training.cli import main
 
 FAST = ["--preset", "tiny", "--batch-size", "64", "--workers", "0", "--warmup-epochs", "1"]
 N_TRAIN, N_VAL = 40, 20  # 4 and 2 images of each digit
@@ -56,13 +56,13 @@ def prepared(tmp_path_factory) -> dict[str, Path]:
 def fetched(monkeypatch) -> Counter:
     """Counts every image the training and evaluation loaders read, by file path."""
     seen: Counter = Counter()
-    original = training.data.ImageDataset.__getitem__
+    original = data_module.ImageDataset.__getitem__
 
     def counting(self, index):
         seen[self.items[index].path] += 1
         return original(self, index)
 
-    monkeypatch.setattr(training.data.ImageDataset, "__getitem__", counting)
+    monkeypatch.setattr(data_module.ImageDataset, "__getitem__", counting)
     return seen
 
 
@@ -97,8 +97,8 @@ def test_fit_trains_on_every_training_row_and_evaluates_on_val(
 
 
 def test_epochs_0_saves_and_evaluates_the_initial_model_and_resumes(tmp_path, capsys, prepared):
-    from training.config import FitConfig
-    from training.export import init_only_model
+    from vitrieval.training.config import FitConfig
+    from vitrieval.training.export import init_only_model
 
     data = ["--dataset", "csv", "--data-root", str(prepared["TRAIN.csv"])]
     data += ["--val", str(prepared["VAL.csv"])]

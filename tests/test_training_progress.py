@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training import progress
-from training.backbones import PRESETS, BackboneError, create_backbone
-from training.cli import main
-from training.progress import EpochClock, clock
+from vitrieval.training import progress
+from vitrieval.training.backbones import PRESETS, BackboneError, create_backbone
+from vitrieval.training.cli import main
+from vitrieval.training.progress import EpochClock, clock
 
 FAST = ["--epochs", "2", "--batch-size", "128", "--workers", "0", "--warmup-epochs", "1"]
 
@@ -90,7 +90,7 @@ def test_a_recipe_says_what_it_prepares_before_the_trainer_loads(tmp_path, capsy
         seen_when_loaded.append(capsys.readouterr().out)
         raise SystemExit(0)
 
-    monkeypatch.setitem(sys.modules, "training.trainer", types.SimpleNamespace(fit=fit))
+    monkeypatch.setitem(sys.modules, "vitrieval.training.trainer", types.SimpleNamespace(fit=fit))
     with pytest.raises(SystemExit):
         main(["fit", "--recipe", str(recipe), "--out", str(tmp_path / "run")])
     first = seen_when_loaded[0].splitlines()[0]

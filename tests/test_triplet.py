@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.losses.triplet import MINING, TripletMarginLoss, create_triplet
+from vitrieval.training.losses.triplet import MINING, TripletMarginLoss, create_triplet
 
 S3 = math.sqrt(3)
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from app_client import AUTH, make_client
 
-from index.fusion import FusionError, fuse_mean
-from index.query import AQE, search_store
-from index.rerank import augment_database, expand_queries
-from index.store import IndexStore
-from index.unit_vectors import l2_normalize, unit_rows
+from vitrieval.index.fusion import FusionError, fuse_mean
+from vitrieval.index.query import AQE, search_store
+from vitrieval.index.rerank import augment_database, expand_queries
+from vitrieval.index.store import IndexStore
+from vitrieval.index.unit_vectors import l2_normalize, unit_rows
 
 DIM = 128
 SCALES = [1e-22, 1e-40, 1e-300, 1e30, 1e200, 1.0]

@@ -9,7 +9,8 @@ ways, and so does this command, on the held-out split of a dataset:
 - a 2-D t-SNE (its Figure 3) or PCA of the embeddings, one colour per class:
   DIR/projection.png;
 - the isotropy score IS = min_c Z(c) / max_c Z(c) of Mu & Viswanath (its Table 3, read
-  as in docs/papers.md, reading 3; `index.evaluation.metrics.isotropy_score`) of the embeddings as
+  as in docs/papers.md, reading 3; `vitrieval.index.evaluation.metrics.isotropy_score`) of the
+  embeddings as
   they are, printed and written with the mean positive / negative cosine and
   leave-one-out retrieval metrics to DIR/analysis.json; also `isotropy_centered`, the
   score after removing the mean embedding and re-normalising.
@@ -17,7 +18,8 @@ ways, and so does this command, on the held-out split of a dataset:
 Models: a run folder (its model.safetensors), a weights file inside a run folder (e.g.
 RUN/initial.safetensors, the encoder before `fit --method lacvit | ce` trained it),
 both embedded with PyTorch, or an exported .onnx embedded with ONNX Runtime
-(`index.runtime.embedder.Embedder`). Several models (`--model A --model B`, or `--compare B`)
+(`vitrieval.index.runtime.embedder.Embedder`). Several models (`--model A --model B`, or `--compare
+B`)
 are drawn side by side, one panel each, in the order given: before, then after.
 The dataset options default to the first run's own (its dataset, split and seed), so
 the held-out split is the one that run never trained on.
@@ -33,10 +35,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from index.atomic import atomic_path, atomic_write_text
-from index.cli.arguments import Subcommands
-from index.evaluation.datasets import Item
-from index.evaluation.metrics import isotropy_score, retrieval_metrics
+from vitrieval.index.atomic import atomic_path, atomic_write_text
+from vitrieval.index.cli.arguments import Subcommands
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.index.evaluation.metrics import isotropy_score, retrieval_metrics
 
 from .config import ConfigError, FitConfig, dataset_split
 from .run_folder import CONFIG_FILE, RUN_MODEL_FILE, read_config, show_metric
@@ -113,7 +115,7 @@ def _held_out(args: argparse.Namespace, image_size: int) -> list[Item]:
 def embed(ref: ModelRef, args: argparse.Namespace) -> Embedded:
     """Embed the held-out split with one model: PyTorch for runs, ONNX Runtime for .onnx."""
     if ref.kind == "onnx":
-        from index.runtime.embedder import Embedder
+        from vitrieval.index.runtime.embedder import Embedder
 
         embedder = Embedder(ref.path, device="cpu" if args.device == "cpu" else "auto")
         items = _held_out(args, embedder.input_size)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from index.atomic import atomic_write_bytes, fsync_dir
+from vitrieval.index.atomic import atomic_write_bytes, fsync_dir
 
 
 class CheckpointError(ValueError):

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from index.cli.common import add_verbose_option
+from vitrieval.index.cli.common import add_verbose_option
 
 # Parsing the command line (and --help) imports no torch or timm: the modules that do
 # are imported inside the commands, so `vitrieval-train --help` answers at once.
@@ -39,9 +39,9 @@ def user_errors() -> tuple[type[Exception], ...]:
 
     Imported when needed: backbones, checkpoints and poolings import torch and timm.
     """
-    from index.evaluation.datasets import DatasetError
-    from index.runtime.images import ImageDecodeError
-    from index.runtime.model_metadata import ModelMetadataError
+    from vitrieval.index.evaluation.datasets import DatasetError
+    from vitrieval.index.runtime.images import ImageDecodeError
+    from vitrieval.index.runtime.model_metadata import ModelMetadataError
 
     from .backbones import BackboneError
     from .checkpoint import CheckpointError

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from index.atomic import atomic_write_text
-from index.cli.arguments import ArgumentAdder
+from vitrieval.index.atomic import atomic_write_text
+from vitrieval.index.cli.arguments import ArgumentAdder
 
 from .options import LOSSES, POOLINGS, FlagOption, flag_options
 from .threads import MAX_AUTO_THREADS, THREADS_AUTO, normal_threads, resolve_threads
@@ -27,7 +27,7 @@ from .threads import MAX_AUTO_THREADS, THREADS_AUTO, normal_threads, resolve_thr
 if (
     TYPE_CHECKING
 ):  # index.evaluation.datasets (numpy, PIL) is imported by the commands that read data
-    from index.evaluation.datasets import Split
+    from vitrieval.index.evaluation.datasets import Split
 
 
 class ConfigError(ValueError):
@@ -386,7 +386,7 @@ class FitConfig(TrainingConfig):
 def dataset_split(options: Any, image_size: int) -> Split:
     """The split of the dataset `options` names in its dataset, data_root, split,
     test_fraction, seed and val: a FitConfig, or the arguments of `analyze`."""
-    from index.evaluation.datasets import load_dataset
+    from vitrieval.index.evaluation.datasets import load_dataset
 
     return load_dataset(
         options.dataset,

@@ -1,4 +1,5 @@
-"""Torch views of `index.evaluation.datasets` items: transforms from timm and a readability
+"""Torch views of `vitrieval.index.evaluation.datasets` items: transforms from timm and a
+readability
 check."""
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from index.evaluation.datasets import Item
-from index.runtime.images import DEFAULT_MAX_PIXELS, ImageDecodeError
-from index.runtime.preprocess import draft_size
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.index.runtime.images import DEFAULT_MAX_PIXELS, ImageDecodeError
+from vitrieval.index.runtime.preprocess import draft_size
 
 from .config import FitConfig
 from .decode_cache import DecodeCache
@@ -56,7 +57,8 @@ def build_transforms(
 
 @dataclass(frozen=True)
 class EmbedderDecodedItem(Item):
-    """An image file decoded as `index.runtime.embedder.Embedder` decodes it for the exported
+    """An image file decoded as `vitrieval.index.runtime.embedder.Embedder` decodes it for the
+    exported
     model (JPEG reduced-scale decoding down to `draft`), whatever draft a caller asks."""
 
     draft: int | None = None

@@ -2,7 +2,7 @@
 
 A training run reads every image once per epoch, and a 12-megapixel photo takes a
 large share of a second to decode while the model sees 32 to 224 pixels of it. The
-readability check that starts every run (`training.data.drop_unreadable`) decodes each
+readability check that starts every run (`vitrieval.training.data.drop_unreadable`) decodes each
 file anyway; with a `DecodeCache` that pass keeps the result, reduced so that its
 shorter side is `working_side(...)` pixels (never enlarged, aspect ratio kept), and
 every epoch after it starts from that copy instead of the file.
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from index.evaluation.datasets import DEFAULT_MAX_PIXELS, Item
+from vitrieval.index.evaluation.datasets import DEFAULT_MAX_PIXELS, Item
 
 from .config import DECODE_CACHE_MEMORY_CAP, DECODE_CACHE_MEMORY_SHARE, DECODE_CACHE_MODES
 
@@ -48,7 +48,8 @@ CACHE_DIRNAME = "decode-cache"
 
 CROP_MARGIN = 2.0
 """Every crop the transforms take must hold at least this many source pixels per output
-pixel, the rule `index.runtime.embedder.Embedder` decodes JPEGs by: the final antialiased resize
+pixel, the rule `vitrieval.index.runtime.embedder.Embedder` decodes JPEGs by: the final antialiased
+resize
 then still sees every detail it keeps, so the cached copy gives (nearly) the tensor the
 full-resolution file gives."""
 

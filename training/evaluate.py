@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from index.evaluation.datasets import Item
-from index.evaluation.metrics import retrieval_metrics
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.index.evaluation.metrics import retrieval_metrics
 
 from .data import ImageDataset
 

@@ -3,7 +3,7 @@
 The file follows the exported-model contract (docs/training.md, "The exported
 model"): input `images` float32 (B, 3, H, W), output `embeddings` float32 (B, D)
 L2-normalised, batch axis dynamic, preprocessing and the weights' fingerprint in
-`vitrieval.*` metadata (see `index.runtime.model_metadata`).
+`vitrieval.*` metadata (see `vitrieval.index.runtime.model_metadata`).
 
 After writing, ONNX Runtime is run against PyTorch at batch 1 and batch > 1 on random
 tensors and on real photos preprocessed exactly as the metadata says; a maximum
@@ -31,10 +31,10 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from index.atomic import atomic_write_text
-from index.runtime.model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata
-from index.runtime.onnx_files import publish, save_onnx
-from index.runtime.preprocess import Preprocessor
+from vitrieval.index.atomic import atomic_write_text
+from vitrieval.index.runtime.model_metadata import INPUT_NAME, OUTPUT_NAME, ModelMetadata
+from vitrieval.index.runtime.onnx_files import publish, save_onnx
+from vitrieval.index.runtime.preprocess import Preprocessor
 
 from . import run_folder
 from .config import FitConfig

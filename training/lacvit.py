@@ -48,9 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from index.atomic import atomic_write_text
-from index.evaluation.datasets import Item
-from index.evaluation.metrics import isotropy_score, retrieval_metrics
+from vitrieval.index.atomic import atomic_write_text
+from vitrieval.index.evaluation.datasets import Item
+from vitrieval.index.evaluation.metrics import isotropy_score, retrieval_metrics
 
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform, light_transform

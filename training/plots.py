@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from index.atomic import atomic_path
+from vitrieval.index.atomic import atomic_path
 
 
 def plot_curves(history: list[dict], path: Path) -> Figure:

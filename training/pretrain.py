@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.transforms import v2
 
-from index.atomic import atomic_path
-from index.evaluation.datasets import DatasetError, Item
-from index.pipeline.sources import walk_images
+from vitrieval.index.atomic import atomic_path
+from vitrieval.index.evaluation.datasets import DatasetError, Item
+from vitrieval.index.pipeline.sources import walk_images
 
 from .amp import MixedPrecision
 from .augment import TwoViews, contrastive_view_transform

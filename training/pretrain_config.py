@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from index.atomic import atomic_write_text
+from vitrieval.index.atomic import atomic_write_text
 
 from .config import (
     HFLIP,

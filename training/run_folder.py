@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from index.atomic import atomic_write_text
+from vitrieval.index.atomic import atomic_write_text
 
 from .config import POOL_OPTIONS, FitConfig, load_config_file
 

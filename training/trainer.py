@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from index.evaluation.datasets import Split
+from vitrieval.index.evaluation.datasets import Split
 
 from .amp import MixedPrecision
 from .config import LOSS_OPTIONS, FitConfig, dataset_split

@@ -9,14 +9,14 @@ deployments (docs/scale.md, "Serving with Ray Serve"):
   with `--read-only`, `--shard-replicas` replicas each, the shard opened read-only and
   reopened when a new commit appears; with mutations on, one replica, the shard's
   writer (its journal, checkpoints, merges and scrub);
-- `ingress`: the service's FastAPI app (`service.app.build_app`: the same routes,
+- `ingress`: the service's FastAPI app (`vitrieval.service.app.build_app`: the same routes,
   middleware and JSON errors) whose index and model calls go to the deployments above;
   a search asks every shard for its top k and merges them with
-  `index.shards.merge_ranked`, as `ShardedStore` does in one process. With
+  `vitrieval.index.shards.merge_ranked`, as `ShardedStore` does in one process. With
   `--read-only`, `--ingress-replicas` replicas; with mutations on, one (it numbers
   new items across the shards).
 
 `options` holds the defaults and needs no Ray; `replicas`, `ingress` and `run` import
 Ray at module level (their classes are Serve deployments) and are imported only once
-`distributed.cluster.import_ray` has found it.
+`vitrieval.distributed.cluster.import_ray` has found it.
 """

@@ -1,10 +1,10 @@
-"""The ingress deployment: the service's FastAPI app (`service.app.build_app`) whose
+"""The ingress deployment: the service's FastAPI app (`vitrieval.service.app.build_app`) whose
 model and index are the embedder and shard deployments.
 
 `IngressState` has the surface the routes use on `ServiceState` (settings, metrics,
 `index`, `embed_upload`, `check_vector`, the model's description, readiness), so the
 routes, middleware and error handlers are the single-process server's own. Its
-`RemoteIndex` is the `index.contract.Index` over the shard deployments, routed as
+`RemoteIndex` is the `vitrieval.index.contract.Index` over the shard deployments, routed as
 `ShardedStore` routes (index/shards/routing.py): a search goes to every shard as a
 `Query` (its filter parsed once, at the HTTP edge, and pickled parsed) and their top
 k are merged; a lookup goes to the shard that owns the key. A mutation goes to the
@@ -30,19 +30,25 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from index.contract import Query, Ranked
-from index.shards import is_sharded, shard_of
-from index.shards.layout import read_shards_manifest, split_by_shard
-from index.shards.routing import in_key_order, merge_labelled, merge_ranked, numbered, shard_queries
-from index.shards.store import combine_info
-from index.store import ItemRecord
-from index.store.filters import Filter
-from service.app import build_app
-from service.errors import ApiError
-from service.inputs import ImageUpload
-from service.metrics import ServiceMetrics
-from service.settings import Settings
-from service.state import Timings, check_vector, keep_upload
+from vitrieval.index.contract import Query, Ranked
+from vitrieval.index.shards import is_sharded, shard_of
+from vitrieval.index.shards.layout import read_shards_manifest, split_by_shard
+from vitrieval.index.shards.routing import (
+    in_key_order,
+    merge_labelled,
+    merge_ranked,
+    numbered,
+    shard_queries,
+)
+from vitrieval.index.shards.store import combine_info
+from vitrieval.index.store import ItemRecord
+from vitrieval.index.store.filters import Filter
+from vitrieval.service.app import build_app
+from vitrieval.service.errors import ApiError
+from vitrieval.service.inputs import ImageUpload
+from vitrieval.service.metrics import ServiceMetrics
+from vitrieval.service.settings import Settings
+from vitrieval.service.state import Timings, check_vector, keep_upload
 
 from .options import REMOTE_TIMEOUT_S, STATS_POLL_S
 from .replicas import ErrorAnswer, ModelInfo, StoreFailure
@@ -71,7 +77,7 @@ async def remote(response: Awaitable[T], what: str) -> T:
 
 
 class RemoteIndex:
-    """`index.contract.Index` over the shard deployments."""
+    """`vitrieval.index.contract.Index` over the shard deployments."""
 
     def __init__(self, shards: Sequence[DeploymentHandle], directory: Path, dim: int) -> None:
         self.shards = list(shards)
@@ -234,7 +240,7 @@ class _Alive:
 
 @dataclass
 class IngressState:
-    """What the routes use of `service.state.ServiceState`, backed by deployments."""
+    """What the routes use of `vitrieval.service.state.ServiceState`, backed by deployments."""
 
     settings: Settings
     metrics: ServiceMetrics

@@ -1,5 +1,5 @@
 """The model and index deployments of the Ray Serve application: `EmbedderReplica` and
-`ShardReplica` (wrapped by `serve.deployment` in `distributed.serve.run`, which sets
+`ShardReplica` (wrapped by `serve.deployment` in `vitrieval.distributed.serve.run`, which sets
 their replicas and resources).
 
 Both answer plain values (arrays, dataclasses, tuples): what is wrong with a client's
@@ -21,19 +21,19 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from index.contract import Query, Ranked, stored_vectors
-from index.follow import FOLLOW_POLL_S, CommitFollower
-from index.runtime.embedder import Embedder
-from index.runtime.images import DecodeBudget
-from index.runtime.model_metadata import ModelMetadata
-from index.store import IndexStore, ItemRecord, StoreError
-from index.store.filters import Filter
-from service.errors import ApiError
-from service.maintenance import checkpoint_loop, final_save, scrub_loop
-from service.metrics import ServiceMetrics
-from service.settings import Settings
-from service.state import prepare_image, self_check
-from service.upkeep import CheckpointStatus
+from vitrieval.index.contract import Query, Ranked, stored_vectors
+from vitrieval.index.follow import FOLLOW_POLL_S, CommitFollower
+from vitrieval.index.runtime.embedder import Embedder
+from vitrieval.index.runtime.images import DecodeBudget
+from vitrieval.index.runtime.model_metadata import ModelMetadata
+from vitrieval.index.store import IndexStore, ItemRecord, StoreError
+from vitrieval.index.store.filters import Filter
+from vitrieval.service.errors import ApiError
+from vitrieval.service.maintenance import checkpoint_loop, final_save, scrub_loop
+from vitrieval.service.metrics import ServiceMetrics
+from vitrieval.service.settings import Settings
+from vitrieval.service.state import prepare_image, self_check
+from vitrieval.service.upkeep import CheckpointStatus
 
 logger = logging.getLogger("vitrieval.serve")
 
@@ -153,7 +153,7 @@ class StoreFailure:
 
 @dataclass
 class _Upkeep:
-    """What `service.maintenance`'s loops use of a service state: a writer's own."""
+    """What `vitrieval.service.maintenance`'s loops use of a service state: a writer's own."""
 
     settings: Settings
     store: IndexStore
@@ -165,11 +165,11 @@ class ShardReplica:
     """One shard of the index (or the whole of a single store).
 
     A reader (`writer` None) answers from the last commit and follows a writer's
-    commits (`index.follow.CommitFollower`: the manifest polled every FOLLOW_POLL_S,
+    commits (`vitrieval.index.follow.CommitFollower`: the manifest polled every FOLLOW_POLL_S,
     the files it reads held by a reader lease). The writer (`writer`: the service's
     settings, mutations on) is the shard's one replica: it opens the shard with its
     journal, as the single-process server does, and runs the same checkpoints, merges
-    and scrub (`service.maintenance`), and a final save when Serve stops it."""
+    and scrub (`vitrieval.service.maintenance`), and a final save when Serve stops it."""
 
     def __init__(
         self, directory: str, fingerprint: str | None, dim: int, writer: Settings | None = None
@@ -251,7 +251,7 @@ class ShardReplica:
         self, limit: int | None, filter: Filter | None = None
     ) -> tuple[tuple[list[str], list[str], np.ndarray], dict[str, int]] | StoreFailure:
         """`IndexStore.labelled_items` and the item ids of those keys (what orders the
-        items of several shards, `index.shards.routing.merge_labelled`); a StoreError
+        items of several shards, `vitrieval.index.shards.routing.merge_labelled`); a StoreError
         (more than `limit` items) comes back as a StoreFailure."""
 
         def read(store: IndexStore) -> tuple[tuple[list[str], list[str], np.ndarray], dict]:

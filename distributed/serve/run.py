@@ -14,11 +14,11 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from index.runtime.model_metadata import read_model_metadata
-from index.shards import is_sharded, open_index, shard_name
-from index.shards.layout import read_shards_manifest
-from service.settings import Settings
-from service.state import StartupError
+from vitrieval.index.runtime.model_metadata import read_model_metadata
+from vitrieval.index.shards import is_sharded, open_index, shard_name
+from vitrieval.index.shards.layout import read_shards_manifest
+from vitrieval.service.settings import Settings
+from vitrieval.service.state import StartupError
 
 from ..cluster import ClusterError, largest_node_cpus, plan_actors, ray_cluster
 from .ingress import Ingress
@@ -48,7 +48,7 @@ class Layout:
 def check_inputs(settings: Settings) -> Layout:
     """The model and index opened once here, so a wrong path or a mismatched index is one
     line before anything is deployed (StartupError)."""
-    from index.store import StoreError
+    from vitrieval.index.store import StoreError
 
     if settings.model is None or settings.index is None:
         raise StartupError("both a model (--model) and an index (--index) are needed")
@@ -82,7 +82,7 @@ def build_application(
 ) -> Application:
     """The ingress bound to one embedder deployment and one deployment per shard.
 
-    Embedder replicas are placed as `distributed.cluster.plan_actors` places embedding
+    Embedder replicas are placed as `vitrieval.distributed.cluster.plan_actors` places embedding
     actors: one GPU each when the cluster has GPUs (and --device allows), else T CPUs
     each (ONNX Runtime on T threads). Shard replicas and the ingress reserve no CPU: they
     wait on memory-mapped segments and on the network, and a FAISS search is short.

@@ -191,7 +191,7 @@ def _embed(args: argparse.Namespace) -> int:
     items = read_sources(args.images, args.labels_from_folders, skipped=skipped)
     out = Path(args.out)
     if args.ray:  # the same folder, its parts embedded by actors on a Ray cluster
-        from distributed.embed import embed_from_args
+        from vitrieval.distributed.embed import embed_from_args
 
         report = embed_from_args(items, out, args)
     else:

@@ -48,7 +48,7 @@ def model_from_args(model: str | Path) -> Path:
 
 def add_ray_options(parser: argparse.ArgumentParser, *, actors: bool = False) -> None:
     """--ray ADDRESS (distributed.cluster), and with `actors` the actor pool's size."""
-    from distributed.cluster import ADDRESS_HELP, DEFAULT_ACTOR_THREADS
+    from vitrieval.distributed.cluster import ADDRESS_HELP, DEFAULT_ACTOR_THREADS
 
     parser.add_argument("--ray", metavar="ADDRESS", help=ADDRESS_HELP)
     if actors:

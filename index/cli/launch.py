@@ -32,14 +32,14 @@ def run_command(program: str, module: str) -> int:
 
 def index_main() -> int:
     """`vitrieval-index`."""
-    return run_command("vitrieval-index", "index.cli")
+    return run_command("vitrieval-index", "vitrieval.index.cli")
 
 
 def train_main() -> int:
     """`vitrieval-train`."""
-    return run_command("vitrieval-train", "training.cli")
+    return run_command("vitrieval-train", "vitrieval.training.cli")
 
 
 def serve_main() -> int:
     """`vitrieval-serve`."""
-    return run_command("vitrieval-serve", "service.cli")
+    return run_command("vitrieval-serve", "vitrieval.service.cli")

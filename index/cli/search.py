@@ -2,7 +2,7 @@
 
 Each query image is its own query, or with --fuse all of them are one (index/fusion.py);
 --filter narrows the hits by metadata (index/store/filters.py) and --rerank aqe re-ranks them
-(alpha query expansion). What follows the embedding is `index.query`, as the HTTP
+(alpha query expansion). What follows the embedding is `vitrieval.index.query`, as the HTTP
 service runs it.
 """
 

@@ -64,7 +64,7 @@ def build_sharded_from_args(
     save_every = 1_000_000 if args.save_every is None else args.save_every
     run_shards = None
     if getattr(args, "ray", None):  # each shard a Ray task (distributed/build.py)
-        from distributed.build import shard_runner
+        from vitrieval.distributed.build import shard_runner
 
         run_shards = shard_runner(args.ray)
     report = build_sharded(

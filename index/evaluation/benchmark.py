@@ -1,6 +1,6 @@
 """Offline benchmark: embed a labelled set, index it, measure quality and speed.
 
-What `vitrieval-index bench` runs. Quality comes from `index.evaluation.metrics` on the
+What `vitrieval-index bench` runs. Quality comes from `vitrieval.index.evaluation.metrics` on the
 embeddings (exact ranking, so the numbers describe the model, not the index type);
 for an approximate FAISS factory the report adds its recall@10 against exact search,
 which is what the index type costs in quality. Speed: embedding images/s (decode +
@@ -10,11 +10,13 @@ Protocols: with only a gallery, leave-one-out within it; with a query set, queri
 against the gallery. A dataset name uses its held-out split as the gallery
 (leave-one-out), the standard protocol for CUB, Cars and SOP. Copy detection
 (`run_copy_detection`): a folder of photos is the gallery (plus distractors), edited
-copies of each photo (`index.evaluation.copy_detection`) are the queries, and each query's one
-relevant item is its original (`index.evaluation.metrics.target_ranks`); with `relevant="label"`
+copies of each photo (`vitrieval.index.evaluation.copy_detection`) are the queries, and each
+query's one
+relevant item is its original (`vitrieval.index.evaluation.metrics.target_ranks`); with
+`relevant="label"`
 the photos sharing its original's label (versions of one design) are relevant too.
 
-Re-ranking (`rerank=("aqe", "dba", "dba+aqe")`, `index.rerank`): the report gains
+Re-ranking (`rerank=("aqe", "dba", "dba+aqe")`, `vitrieval.index.rerank`): the report gains
 `rerank`, the same quality metrics for the plain exact search ("none") and for each
 re-ranked one side by side (plus the seconds the re-ranking took), and
 `rerank_settings` (n and alpha). They are exact too: neighbours and rankings over the
@@ -247,18 +249,20 @@ def run_copy_detection(
     the lower gallery index, so an original beats a byte-identical distractor).
     Photos or distractors that cannot be decoded are left out and listed under
     `unreadable`; no copies are made of an unreadable photo. `kinds` forces every
-    copy's edits (None: the random composition of `index.evaluation.copy_detection`).
+    copy's edits (None: the random composition of `vitrieval.index.evaluation.copy_detection`).
 
     `relevant="original"`: a copy's one relevant item is its original. `"label"`: every
     photo with its original's `label` is relevant too (versions of one design in one
-    folder), scored with `index.evaluation.metrics.query_metrics`; a photo without a label is its
+    folder), scored with `vitrieval.index.evaluation.metrics.query_metrics`; a photo without a
+    label is its
     own design, and distractors are never relevant.
 
     `rerank`: the same metrics after each re-ranking (module docstring); DBA augments
     the whole gallery, distractors included, and the copies are the queries.
 
     `save_copies`: a folder that receives every copy as a PNG file
-    (`index.evaluation.copy_detection.copy_filename`). `ranks_path`: a CSV written with one row per
+    (`vitrieval.index.evaluation.copy_detection.copy_filename`). `ranks_path`: a CSV written with
+    one row per
     embedded copy (`write_ranks`). Each photo is decoded once for all its copies; the
     report's `*_seconds` entries say where the time went.
     """
@@ -383,7 +387,8 @@ def write_ranks(
 ) -> None:
     """One CSV row per embedded copy: its query key, its file below the copies folder
     (empty when copies are not saved), its original's key, the original's rank (1-based,
-    exact over the whole gallery, `index.evaluation.metrics.target_ranks`) and the cosine score
+    exact over the whole gallery, `vitrieval.index.evaluation.metrics.target_ranks`) and the cosine
+    score
     between copy and original, and its edits (``crop+jpeg``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as out:

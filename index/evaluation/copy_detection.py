@@ -3,10 +3,12 @@
 `vitrieval-index bench --copy-detection DIR` measures whether the model finds the
 original of an edited copy (a crop, a re-save, a filter) among a gallery of photos,
 the task behind duplicate and copyright search. There is no labelled data to find:
-each photo below DIR (walked recursively, the `index.pipeline.sources` image-file rule) is a
+each photo below DIR (walked recursively, the `vitrieval.index.pipeline.sources` image-file rule)
+is a
 gallery item, and `per_image` copies of it, made here, are the queries whose one
 relevant item is that photo (with `--labels-from-folders`, every photo of its folder:
-`index.evaluation.benchmark.run_copy_detection`). Optional distractor photos join the gallery
+`vitrieval.index.evaluation.benchmark.run_copy_detection`). Optional distractor photos join the
+gallery
 and are nobody's original.
 
 Edits (Pillow + numpy), always applied in this order when chosen:

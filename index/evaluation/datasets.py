@@ -12,7 +12,7 @@ so that training, indexing and evaluation see one shape of data whatever the sou
 
 Image files are not opened or checked for existence here: a catalogue of 100k images
 should list in a second, and a broken file is reported by `Item.open` (through
-`index.runtime.images.open_image`) when it is actually read.
+`vitrieval.index.runtime.images.open_image`) when it is actually read.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from index.runtime.images import DEFAULT_MAX_PIXELS, ImageDecodeError, open_image
+from vitrieval.index.runtime.images import DEFAULT_MAX_PIXELS, ImageDecodeError, open_image
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "folder", "csv", "cub", "cars", "sop")
 """Names accepted by `load_dataset`."""
@@ -80,7 +80,8 @@ class Item:
     ) -> Image.Image:
         """Return the image as RGB; raises `ImageDecodeError` if it cannot be read.
 
-        `max_pixels` and `draft_size` apply to files, as in `index.runtime.images.open_image`.
+        `max_pixels` and `draft_size` apply to files, as in
+        `vitrieval.index.runtime.images.open_image`.
         """
         if self.pixels is not None:
             return _pixels_to_image(self.pixels, self.key)
@@ -370,7 +371,7 @@ def parse_metadata(text: str, where: str) -> dict:
     """`text` as an item's metadata: a JSON object whose integers fit int64 (what an
     index stores and filters on); DatasetError naming `where` otherwise."""
     # deferred: the index.store package loads FAISS, which training never needs
-    from index.store.filters import find_outside_int64, int64_message
+    from vitrieval.index.store.filters import find_outside_int64, int64_message
 
     try:
         value = json.loads(text)

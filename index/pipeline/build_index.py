@@ -12,7 +12,8 @@
   list before anything is added.
 
 `build_from_embeddings` is `vitrieval-index build --embeddings`: the same index from
-an embeddings folder (`index.pipeline.embeddings_folder`) in bounded memory, for catalogues whose
+an embeddings folder (`vitrieval.index.pipeline.embeddings_folder`) in bounded memory, for
+catalogues whose
 vectors do not fit in RAM at once.
 """
 

@@ -1,6 +1,6 @@
 """`vitrieval-index embed`: embed a list of images into an embeddings folder, part by part.
 
-The folder's format is `index.pipeline.embeddings_folder`. The job cuts the image
+The folder's format is `vitrieval.index.pipeline.embeddings_folder`. The job cuts the image
 list (a folder walk or a CSV, read as `build --images` reads it) into parts of
 `part_size` images (by default `default_part_size`: about `DEFAULT_PARTS` parts,
 whatever the runner); part i
@@ -18,7 +18,7 @@ run stops with one line before anything is written. `complete` turns true when e
 part is done; until then `build --embeddings` refuses the folder.
 
 `start_job` and `EmbedJob` hold that bookkeeping for every runner: `embed_to_folder`
-embeds the parts in order in this process; `distributed.embed` embeds them on a Ray
+embeds the parts in order in this process; `vitrieval.distributed.embed` embeds them on a Ray
 cluster, several at once, and commits each as it finishes (a kill there loses the
 parts in flight).
 """

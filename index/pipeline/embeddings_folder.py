@@ -19,7 +19,8 @@ are skipped) holds rows with the columns
 Other columns are ignored. `embeddings.json` needs at least `dim` and
 `model_fingerprint` (the `vitrieval.fingerprint` of the model that made the vectors);
 `embed` also records `model` (the model file's path), the counts, and each part's
-input range and checksum (what lets it resume, see `index.pipeline.embed_folder`). A folder whose
+input range and checksum (what lets it resume, see `vitrieval.index.pipeline.embed_folder`). A
+folder whose
 `complete` is false is an embed still running or interrupted, and is refused.
 
 Vectors: as they are read, finite non-zero vectors are scaled to unit L2 norm (the

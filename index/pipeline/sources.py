@@ -1,13 +1,15 @@
 """Where images to index come from: a folder walked recursively, or a CSV list.
 
-Both give `Item`s (see `index.evaluation.datasets`): the key is what the index stores and what
+Both give `Item`s (see `vitrieval.index.evaluation.datasets`): the key is what the index stores and
+what
 search results return, so it must be stable across runs (a re-run of `build` skips
 keys already indexed).
 
 - Folder: every file with an image extension below DIR, in sorted order; the key is
   the path relative to DIR (posix), the label the first folder component when
   `labels_from_folders` (images directly in DIR then have no label).
-- CSV: `index.evaluation.datasets.csv_list` (header row, `path,label[,key]`, relative paths
+- CSV: `vitrieval.index.evaluation.datasets.csv_list` (header row, `path,label[,key]`, relative
+paths
   against the CSV's folder).
 """
 

@@ -1,6 +1,7 @@
 """Embed images with an exported vitrieval model on ONNX Runtime (no torch).
 
-The model file describes itself (`index.runtime.model_metadata`): the preprocessing comes from
+The model file describes itself (`vitrieval.index.runtime.model_metadata`): the preprocessing comes
+from
 its metadata, never from arguments, so an index is always embedded the way the model
 was trained.
 
@@ -342,7 +343,7 @@ class Embedder:
 
 
 def ort_cpu_reason() -> str:
-    """Why device="auto" embeds on the CPU, for `index.gpu_notice.say_cpu_only`."""
+    """Why device="auto" embeds on the CPU, for `vitrieval.index.gpu_notice.say_cpu_only`."""
     return (
         f"no {CUDA} (it has {', '.join(ort.get_available_providers())}; "
         "onnxruntime-gpu in place of onnxruntime enables CUDA)"

@@ -75,7 +75,7 @@ def model_file(path: str | Path) -> Path:
     """`path` (a `--model`) checked to be a model file. A training checkpoint, a run
     folder, another folder or a missing file is a ModelMetadataError saying what to pass
     instead, before ONNX Runtime answers with a protobuf parse error. (An index folder
-    stands for its model copy in the CLI: `index.cli.common.model_from_args`.)"""
+    stands for its model copy in the CLI: `vitrieval.index.cli.common.model_from_args`.)"""
     path = Path(path)
     if path.is_dir():
         exported = sorted(p for p in path.iterdir() if p.suffix == ".onnx" and p.is_file())

@@ -1,5 +1,6 @@
 """Writing ONNX model files: the weights inside the file, or in one external data file
-beside it (a single protobuf cannot pass 2 GB). `index.runtime.optimize` and `training.export`
+beside it (a single protobuf cannot pass 2 GB). `vitrieval.index.runtime.optimize` and
+`vitrieval.training.export`
 write their models with these."""
 
 from __future__ import annotations

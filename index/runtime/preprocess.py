@@ -26,7 +26,8 @@ _RESAMPLE = {
 
 DRAFT_FACTOR = 2
 """JPEGs are decoded at reduced scale down to this multiple of the size the preprocessing
-resizes them to (`index.runtime.images.open_image`'s draft), so the final antialiased resize
+resizes them to (`vitrieval.index.runtime.images.open_image`'s draft), so the final antialiased
+resize
 still sees every detail it keeps. The Embedder decodes so, and `fit` decodes its
 held-out images the same way: one model, the same figures in both."""
 

@@ -1,6 +1,7 @@
 """Optional libvips decoding of large PNG and WebP files (`pip install 'vitrieval[vips]'`).
 
-`index.runtime.images.open_image` stays the one entry point and keeps every check: the file's
+`vitrieval.index.runtime.images.open_image` stays the one entry point and keeps every check: the
+file's
 header is read by Pillow first (`plan_decode`: format allowlist, pixel limit, aspect
 ratio, memory plan, the same errors), and only then, for an image this module
 reproduces, libvips decodes the pixels instead of Pillow:

@@ -4,7 +4,7 @@ the sample an unsharded build trains on, then every shard built apart.
 `build_shard` builds one shard, with only picklable arguments, so that a process pool
 (the default, `run_locally`) or a remote task (a Ray cluster) can run it; every shard
 reads the whole folder and keeps the rows whose key it owns, in the bounded memory of
-`index.pipeline.build_index.build_from_embeddings`. `build_sharded` plans the build,
+`vitrieval.index.pipeline.build_index.build_from_embeddings`. `build_sharded` plans the build,
 trains, runs the shards through `run_shards`, and commits: it writes shards.json last.
 
 Resuming: each shard resumes as an unsharded build does (the keys it saved are

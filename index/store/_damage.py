@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._sealed_segment import SealedSegment
 
-logger = logging.getLogger("index.store._index_store")
+logger = logging.getLogger("vitrieval.index.store._index_store")
 
 
 def with_damaged(

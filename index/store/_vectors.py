@@ -128,7 +128,7 @@ def _gpu_count() -> int:
 
 
 def faiss_cpu_reason() -> str:
-    """Why gpu="auto" builds and searches on the CPU (`index.gpu_notice`)."""
+    """Why gpu="auto" builds and searches on the CPU (`vitrieval.index.gpu_notice`)."""
     if hasattr(faiss, "StandardGpuResources"):
         return "a GPU build, but no CUDA device"
     return "a CPU-only build (faiss-gpu in place of faiss-cpu enables the GPU)"

@@ -1,7 +1,8 @@
 """POST /v1/evaluate: retrieval quality of the served model and index.
 
 leave-one-out: every labelled item queries all other labelled items with the vectors
-stored in the index, ranked exactly by `index.evaluation.metrics.retrieval_metrics`: the same
+stored in the index, ranked exactly by `vitrieval.index.evaluation.metrics.retrieval_metrics`: the
+same
 computation, on the same vectors, as `vitrieval-index bench` on the images the index
 was built from. queries: uploaded labelled images (or vectors) are embedded and
 ranked against the labelled items. With a metadata `filter`, only the labelled items
@@ -16,9 +17,9 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
-from index.evaluation.metrics import retrieval_metrics
-from index.store import StoreError
-from index.store.filters import FilterError
+from vitrieval.index.evaluation.metrics import retrieval_metrics
+from vitrieval.index.store import StoreError
+from vitrieval.index.store.filters import FilterError
 
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses, store_error

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from index.store import damage_code
+from vitrieval.index.store import damage_code
 
 from .. import __version__
 from ..deps import ReadAccess, ServiceDep

@@ -21,8 +21,8 @@ from fastapi import Path as PathParam
 from PIL import Image
 from pydantic import AfterValidator
 
-from index.runtime.images import open_image
-from index.store import KeyExistsError, StoreError
+from vitrieval.index.runtime.images import open_image
+from vitrieval.index.store import KeyExistsError, StoreError
 
 from ..deps import ReadAccess, ServiceDep, WriteAccess
 from ..errors import ApiError, error_responses, storage_error, store_error

@@ -3,7 +3,7 @@
 A search takes one query: an image, several images fused into one (`fusion`, see
 index/fusion.py), an indexed item's key, or a vector; narrowed by a label and a
 metadata filter, optionally re-ranked (alpha-QE). What follows the embedding runs in
-`index.query`, as `vitrieval-index search` runs it.
+`vitrieval.index.query`, as `vitrieval-index search` runs it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 import numpy as np
 from fastapi import APIRouter, Request
 
-from index.fusion import FusionError
-from index.query import AQE, Where, search_fused
-from index.store import StoreError
+from vitrieval.index.fusion import FusionError
+from vitrieval.index.query import AQE, Where, search_fused
+from vitrieval.index.store import StoreError
 
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses, store_error

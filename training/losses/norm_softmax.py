@@ -7,7 +7,7 @@ proxy w_c; with x and w L2-normalised and temperature tau,
     L = -1/N sum_i log( exp(x_i . w_{y_i} / tau) / sum_c exp(x_i . w_c / tau) )
 
 The paper trains the proxies with a 100x larger learning rate than the network
-("proxy LR scale"); `training.optim.param_groups` applies that scale to the loss's
+("proxy LR scale"); `vitrieval.training.optim.param_groups` applies that scale to the loss's
 parameters.
 """
 

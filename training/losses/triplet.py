@@ -28,7 +28,7 @@ Triplets are mined inside the batch, on the N x N distance matrix, without Pytho
 
 A batch without a valid triplet (one class only, or no class with two items) returns
 `embeddings.sum() * 0`: a zero that keeps the graph, so `backward()` works and a training
-step with an unlucky batch does not crash. The P x K sampler in `training.samplers`
+step with an unlucky batch does not crash. The P x K sampler in `vitrieval.training.samplers`
 makes every batch valid.
 """
 
