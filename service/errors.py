@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -27,19 +26,13 @@ from vitrieval.index.runtime.images import (
 )
 from vitrieval.index.store import DamagedIndexError, JournalWriteError, StoreError
 
+from .answers import ErrorBody
+
 logger = logging.getLogger("vitrieval.service")
 
 CLIENT_CLOSED_REQUEST = 499
 """The status given to a request whose client hung up (nobody receives it; the
 metrics count it as a disconnect, not as an error)."""
-
-
-class ErrorBody(BaseModel):
-    """The body of every 4xx/5xx response."""
-
-    detail: str
-    code: str
-    errors: list[dict[str, Any]] | None = None
 
 
 class ApiError(Exception):

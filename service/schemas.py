@@ -153,33 +153,12 @@ class SearchRequest(Strict):
     )
 
 
-class HitOut(BaseModel):
-    key: str
-    score: float = Field(description="cosine similarity to the query")
-    label: str | None
-    metadata: dict[str, Any]
-
-
-class SearchResponse(BaseModel):
-    hits: list[HitOut]
-    k: int
-    query: Literal["image", "key", "vector"]
-    timings_ms: dict[str, float] = Field(description="decode, embed and search, milliseconds")
-
-
 class EmbedRequest(Strict):
     """The image to embed (multipart `image` or `image_base64`)."""
 
     image_base64: Annotated[str | None, JsonOnly] = Field(
         None, description="the image, base64 (JSON only)"
     )
-
-
-class EmbedResponse(BaseModel):
-    embedding: list[float]
-    dim: int
-    fingerprint: str
-    timings_ms: dict[str, float]
 
 
 class ItemCreate(Strict):
@@ -227,23 +206,6 @@ class ItemCreate(Strict):
         return value
 
 
-class ItemOut(BaseModel):
-    key: str
-    label: str | None
-    metadata: dict[str, Any]
-    has_image: bool = Field(description="whether /v1/items/{key}/thumbnail can show it")
-    vector: list[float] | None = None
-
-
-class ItemWritten(ItemOut):
-    replaced: bool = Field(False, description="an item with this key was overwritten")
-
-
-class ItemDeleted(BaseModel):
-    key: str
-    deleted: bool
-
-
 class LabelledQuery(Strict):
     label: Label
     image_base64: str | None = None
@@ -281,11 +243,6 @@ class EvaluateRequest(Strict):
         if self.mode == "leave-one-out" and self.queries:
             raise ValueError("'queries' is only for mode 'queries'")
         return self
-
-
-class Status(BaseModel):
-    status: str
-    checks: dict[str, Any] = Field(default_factory=dict)
 
 
 def _depth(value: Any, level: int = 1) -> int:

@@ -21,6 +21,7 @@ from vitrieval.index.evaluation.metrics import retrieval_metrics
 from vitrieval.index.store import StoreError
 from vitrieval.index.store.filters import FilterError
 
+from ..answers import EvaluateResponse
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses, store_error
 from ..inputs import RequestBody, decode_base64
@@ -36,10 +37,9 @@ EVALUATE_BODY = RequestBody(EvaluateRequest, image_field=None)
     "/evaluate",
     summary="Recall@K, mAP, MAP@R and R-Precision over the labelled items",
     openapi_extra=EVALUATE_BODY.openapi(),
-    response_model=dict[str, Any],
     responses=error_responses(400, 401, 413, 415, 422, 429),
 )
-async def evaluate(request: Request, state: ServiceDep) -> dict[str, Any]:
+async def evaluate(request: Request, state: ServiceDep) -> EvaluateResponse:
     body, _ = await EVALUATE_BODY.read(request)
     # exact ranking is O(n^2) CPU: one evaluation at a time, others are told to wait
     if state.evaluating.locked():
@@ -53,7 +53,7 @@ async def evaluate(request: Request, state: ServiceDep) -> dict[str, Any]:
         return await _evaluate(state, body)
 
 
-async def _evaluate(state: ServiceState, body: EvaluateRequest) -> dict[str, Any]:
+async def _evaluate(state: ServiceState, body: EvaluateRequest) -> EvaluateResponse:
     try:
         _, labels, vectors = await state.index.labelled_items(
             state.settings.max_evaluate_items, body.filter
@@ -82,7 +82,9 @@ async def _evaluate(state: ServiceState, body: EvaluateRequest) -> dict[str, Any
             gallery_embeddings=vectors,
             gallery_labels=labels,
         )
-    return {"mode": body.mode, "n_items": len(labels), **_finite(metrics)}
+    return EvaluateResponse.model_validate(
+        {"mode": body.mode, "n_items": len(labels), **_finite(metrics)}
+    )
 
 
 async def _query_vectors(state: ServiceState, queries: list[LabelledQuery]) -> np.ndarray:

@@ -11,10 +11,10 @@ from fastapi.responses import JSONResponse
 from vitrieval.index.store import damage_code
 
 from .. import __version__
+from ..answers import InfoResponse, Status
 from ..deps import ReadAccess, ServiceDep
 from ..errors import error_responses
 from ..metrics import CONTENT_TYPE
-from ..schemas import Status
 from ..upkeep import CHECKPOINT_STALLED
 
 router = APIRouter(tags=["health"])
@@ -76,11 +76,11 @@ async def readyz(request: Request) -> Any:
     dependencies=[ReadAccess],
     responses=error_responses(401),
 )
-async def info(state: ServiceDep) -> dict[str, Any]:
+async def info(state: ServiceDep) -> InfoResponse:
     meta = state.embedder.metadata
     index = await state.index.info()
     settings = state.settings
-    return {
+    answer = {
         "version": __version__,
         "uptime_s": round(time.time() - state.started, 3),
         "model": {
@@ -119,6 +119,7 @@ async def info(state: ServiceDep) -> dict[str, Any]:
             "read_key_required": settings.read_api_key is not None,
         },
     }
+    return InfoResponse.model_validate(answer)
 
 
 @router.get(

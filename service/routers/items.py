@@ -24,10 +24,11 @@ from pydantic import AfterValidator
 from vitrieval.index.runtime.images import open_image
 from vitrieval.index.store import KeyExistsError, StoreError
 
+from ..answers import ItemDeleted, ItemOut, ItemWritten
 from ..deps import ReadAccess, ServiceDep, WriteAccess
 from ..errors import ApiError, error_responses, storage_error, store_error
 from ..inputs import RequestBody
-from ..schemas import ItemCreate, ItemDeleted, ItemOut, ItemWritten
+from ..schemas import ItemCreate
 from ..state import Timings
 from ..text import checked_lookup_key
 

@@ -18,17 +18,11 @@ from vitrieval.index.fusion import FusionError
 from vitrieval.index.query import AQE, Where, search_fused
 from vitrieval.index.store import StoreError
 
+from ..answers import EmbedResponse, HitOut, SearchResponse
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses, store_error
 from ..inputs import ImageUpload, RequestBody
-from ..schemas import (
-    MAX_QUERY_IMAGES,
-    EmbedRequest,
-    EmbedResponse,
-    HitOut,
-    SearchRequest,
-    SearchResponse,
-)
+from ..schemas import MAX_QUERY_IMAGES, EmbedRequest, SearchRequest
 from ..state import ServiceState, Timings
 
 router = APIRouter(prefix="/v1", tags=["search"], dependencies=[ReadAccess])

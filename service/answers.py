@@ -1,0 +1,156 @@
+"""What the HTTP API answers: one pydantic model per response body.
+
+The routes declare these as their response models (so /openapi.json names each one),
+and `vitrieval.client` parses the server's answers into the same classes: a field is
+defined here once for both. This module imports pydantic only (no FastAPI, FAISS or
+ONNX Runtime), so the client can load it without the `serve` extra.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx/5xx response."""
+
+    detail: str = Field(description="what was wrong, in words")
+    code: str = Field(description="a stable machine code, e.g. `not_found`")
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="request validation only: the failing fields"
+    )
+
+
+class HitOut(BaseModel):
+    """One search hit."""
+
+    key: str
+    score: float = Field(description="cosine similarity to the query")
+    label: str | None
+    metadata: dict[str, Any]
+
+
+class SearchResponse(BaseModel):
+    """The hits of one search, best first, and where the time went."""
+
+    hits: list[HitOut]
+    k: int
+    query: Literal["image", "key", "vector"]
+    timings_ms: dict[str, float] = Field(description="decode, embed and search, milliseconds")
+
+
+class EmbedResponse(BaseModel):
+    """An image's embedding: L2-normalised, `dim` long."""
+
+    embedding: list[float]
+    dim: int
+    fingerprint: str = Field(description="the model's fingerprint (sha256 of its weights)")
+    timings_ms: dict[str, float]
+
+
+class ItemOut(BaseModel):
+    """An indexed item."""
+
+    key: str
+    label: str | None
+    metadata: dict[str, Any]
+    has_image: bool = Field(description="whether /v1/items/{key}/thumbnail can show it")
+    vector: list[float] | None = Field(None, description="with `?vector=true` only")
+
+
+class ItemWritten(ItemOut):
+    """An item as added (or replaced)."""
+
+    replaced: bool = Field(False, description="an item with this key was overwritten")
+
+
+class ItemDeleted(BaseModel):
+    key: str
+    deleted: bool
+
+
+class Status(BaseModel):
+    """/healthz and /readyz: `ready`, `degraded`, `loading` or `failing`, and the checks."""
+
+    status: str
+    checks: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluateResponse(BaseModel):
+    """Retrieval quality over the index's labelled items (`null`: no query had a
+    relevant item). Besides the fields below, `recall@K` and `precision@K` for each K
+    asked for, e.g. `recall@1`."""
+
+    model_config = ConfigDict(extra="allow")
+    # the type of the extra `recall@K` / `precision@K` fields, for the schema and parsing
+    __pydantic_extra__: dict[str, float | None] = Field(init=False)
+
+    mode: Literal["leave-one-out", "queries"]
+    n_items: int = Field(description="labelled items ranked")
+    n_queries: int = Field(description="queries counted")
+    n_dropped: int = Field(description="queries without a relevant item, left out")
+    map: float | None = Field(description="mean average precision")
+    map_at_r: float | None = Field(description="MAP@R")
+    r_precision: float | None = Field(description="R-Precision")
+
+    def recall(self, k: int) -> float | None:
+        """Recall@k (for a k the request asked for)."""
+        return (self.model_extra or {})[f"recall@{k}"]
+
+
+class ModelInfo(BaseModel):
+    file: str
+    backbone: str | None
+    pooling: str | None
+    embedding_dim: int
+    input_size: list[int]
+    fingerprint: str
+    provider: str = Field(description="the ONNX Runtime execution provider")
+
+
+class SegmentInfo(BaseModel):
+    number: int
+    rows: int
+    live: int
+    deleted: int
+    damaged: str | None = Field(None, description="a damaged segment's reason code")
+    shard: str | None = Field(None, description="the shard it belongs to (sharded indexes)")
+
+
+class IndexInfo(BaseModel):
+    count: int = Field(description="live items")
+    deleted: int
+    factory: str = Field(description="the FAISS factory string")
+    dim: int
+    metric: str
+    generation: int | list[int | None] | None = Field(
+        description="the committed generation (a sharded index: one per shard)"
+    )
+    gpu: str = Field(description='where searches run: "cpu" or "<n> GPU(s)"')
+    search_params: dict[str, int]
+    journal_pending: int = Field(description="writes in the journal, not yet sealed")
+    segments: list[SegmentInfo]
+
+
+class ServiceInfo(BaseModel):
+    batching: bool
+    model_calls_at_once: int
+    max_batch_size: int
+    max_batch_wait_ms: float
+    max_k: int
+    max_body_bytes: int
+    max_pixels: int
+    mutations: bool = Field(description="whether items can be added and deleted")
+    read_key_required: bool
+
+
+class InfoResponse(BaseModel):
+    """The served model, the index and the service's settings."""
+
+    version: str = Field(description="vitrieval's version on the server")
+    uptime_s: float
+    model: ModelInfo
+    index: IndexInfo
+    service: ServiceInfo
