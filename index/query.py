@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,15 @@ from .fusion import DEFAULT_FUSION, FUSIONS, Fusion, FusionError, fuse_mean, mer
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, expand_queries
 from .store import Hit
 
-__all__ = ["AQE", "Where", "search", "search_fused", "search_store", "search_store_fused"]
+__all__ = [
+    "AQE",
+    "Where",
+    "search",
+    "search_fused",
+    "search_index",
+    "search_store",
+    "search_store_fused",
+]
 
 MAX_AQE_NEIGHBOURS = 100
 """The most neighbours alpha-QE may read per query (their vectors are fetched)."""
@@ -124,3 +133,31 @@ def search_store_fused(
     """`search_fused` (its `fusion`, `where` and `rerank` options) on an opened store,
     for synchronous callers."""
     return asyncio.run(search_fused(LocalIndex(store), vectors, k, **options))
+
+
+def search_index(
+    index: Any,
+    queries: np.ndarray,
+    k: int = 10,
+    *,
+    label: str | None = None,
+    filter: Any = None,
+    exclude_keys: Sequence[str] = (),
+    rerank: AQE | None = None,
+    fusion: Fusion | None = None,
+) -> list[list[Hit]]:
+    """The Python API's search (`vitrieval.search`) on an opened index (`open_index`).
+
+    `queries`: float32 (q, d) embeddings (an `Embedder`'s output), or one (d,) vector.
+    Each row is its own query, answered by its own list of hits (best first), unless
+    `fusion` ("mean" or "max") makes all rows one query, answered by one list. `label`,
+    `filter` (the filter language, as a dict) and `exclude_keys` restrict the items;
+    `rerank=AQE(...)` re-ranks with alpha query expansion."""
+    x = np.asarray(queries, dtype=np.float32)
+    x = x[None, :] if x.ndim == 1 else x
+    where = Where(label=label, filter=filter, exclude_keys=exclude_keys)
+    if fusion is not None:
+        rows = [search_store_fused(index, x, k, fusion=fusion, where=where, rerank=rerank)]
+    else:
+        rows = search_store(index, x, k, where=where, rerank=rerank)
+    return [[hit for _, hit in row] for row in rows]

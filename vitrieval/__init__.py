@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._folders import SUBPACKAGE_FOLDERS
 from ._version import __version__
@@ -27,17 +27,64 @@ if (_checkout / "setup.py").is_file() and all(
 ):
     __path__.append(str(_checkout))
 
-# name -> the module that defines it, imported when the name is first used
-_API: dict[str, str] = {}
+# The Python API (docs/python.md): name -> "module:attribute" that defines it, imported
+# when the name is first used.
+_API: dict[str, str] = {
+    # embedding with an exported model, the index, search and evaluation (base install)
+    "Embedder": "vitrieval.index.runtime.embedder:Embedder",
+    "open_index": "vitrieval.index.shards.store:open_index",
+    "IndexStore": "vitrieval.index.store:IndexStore",
+    "Hit": "vitrieval.index.store:Hit",
+    "StoreError": "vitrieval.index.store:StoreError",
+    "Item": "vitrieval.index.evaluation.datasets:Item",
+    "image_folder": "vitrieval.index.evaluation.datasets:image_folder",
+    "csv_list": "vitrieval.index.evaluation.datasets:csv_list",
+    "build_index": "vitrieval.index.pipeline.build_index:build_index",
+    "search": "vitrieval.index.query:search_index",
+    "AQE": "vitrieval.index.query:AQE",
+    "retrieval_metrics": "vitrieval.index.evaluation.metrics:retrieval_metrics",
+    # training and export (the `train` extra: torch)
+    "FitConfig": "vitrieval.training.config:FitConfig",
+    "fit": "vitrieval.training.trainer:fit",
+    "export_run": "vitrieval.training.export:export_run",
+}
+_NEEDS_TRAIN = {"torch", "torchvision", "timm", "safetensors", "onnx", "onnxscript"}
+
+if TYPE_CHECKING:  # what a type checker and an IDE see for the lazily loaded names
+    from vitrieval.index.evaluation.datasets import Item as Item
+    from vitrieval.index.evaluation.datasets import csv_list as csv_list
+    from vitrieval.index.evaluation.datasets import image_folder as image_folder
+    from vitrieval.index.evaluation.metrics import retrieval_metrics as retrieval_metrics
+    from vitrieval.index.pipeline.build_index import build_index as build_index
+    from vitrieval.index.query import AQE as AQE
+    from vitrieval.index.query import search_index as search  # noqa: F401
+    from vitrieval.index.runtime.embedder import Embedder as Embedder
+    from vitrieval.index.shards.store import open_index as open_index
+    from vitrieval.index.store import Hit as Hit
+    from vitrieval.index.store import IndexStore as IndexStore
+    from vitrieval.index.store import StoreError as StoreError
+    from vitrieval.training.config import FitConfig as FitConfig
+    from vitrieval.training.export import export_run as export_run
+    from vitrieval.training.trainer import fit as fit
 
 __all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
+    target = _API.get(name)
+    if target is None:
         raise AttributeError(f"module 'vitrieval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module_name, attribute = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in _NEEDS_TRAIN:
+            raise
+        raise ImportError(
+            f"vitrieval.{name} needs the train extra ({exc.name} is not installed): "
+            "pip install 'vitrieval[train]'"
+        ) from exc
+    value = getattr(module, attribute)
     globals()[name] = value
     return value
 
