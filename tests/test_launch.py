@@ -74,7 +74,7 @@ def test_ctrl_c_in_the_first_half_second_prints_no_traceback(program: str) -> No
 def before_the_guard(err: str, script: Path) -> bool:
     """Whether a Ctrl-C landed before index/cli/launch.py's guard could exist: in the
     interpreter's own start-up (its site module), or in the script's one import line
-    (`from index.cli.launch import ...`), whose frames are the script's and importlib's
+    (`from vitrieval.index.cli.launch import ...`), whose frames are the script's and importlib's
     alone. A signal in any command module's import is the guard's to answer."""
     if err.startswith("Fatal Python error: init_import_site"):
         return True

@@ -364,7 +364,7 @@ def test_the_store_never_imports_the_format_1_reader(tmp_path: Path) -> None:
     does."""
     script = (
         "import sys, numpy as np\n"
-        "from index.store import IndexStore\n"
+        "from vitrieval.index.store import IndexStore\n"
         "x = np.eye(4, dtype='float32')\n"
         f"s = IndexStore.create({str(tmp_path / 'idx')!r}, dim=4)\n"
         "s.add(['a', 'b'], x[:2]); s.save(); s.close()\n"

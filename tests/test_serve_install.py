@@ -145,8 +145,8 @@ def test_the_serving_install_decodes_large_png_and_webp_with_libvips(serve_env, 
     code = (
         "import io\n"
         "from PIL import Image\n"
-        "from index.runtime import vips_decode\n"
-        "from index.runtime.images import plan_decode\n"
+        "from vitrieval.index.runtime import vips_decode\n"
+        "from vitrieval.index.runtime.images import plan_decode\n"
         "buffer = io.BytesIO()\n"
         "Image.new('RGB', (640, 480), 'teal').save(buffer, format='PNG')\n"
         "plan = plan_decode(buffer.getvalue(), draft_size=128)\n"
@@ -157,7 +157,8 @@ def test_the_serving_install_decodes_large_png_and_webp_with_libvips(serve_env, 
 
 def test_every_index_and_service_module_imports_without_torch(serve_env, tmp_path):
     code = (
-        "import importlib, pkgutil, index, service\n"
+        "import importlib, pkgutil\n"
+        "import vitrieval.index as index, vitrieval.service as service\n"
         "for package in (index, service):\n"
         "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
         "        importlib.import_module(info.name)\n"

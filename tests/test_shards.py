@@ -108,7 +108,7 @@ def test_the_key_to_shard_rule_is_stable():
     assert shard_of("photos/cat.jpg", 7) == 3
     assert shard_of("a", 2) == 0 and shard_of("photos/cat.jpg", 1) == 0
     # the same in another process with another string-hash seed
-    code = "from index.shards import shard_of; print(shard_of('photos/cat.jpg', 3))"
+    code = "from vitrieval.index.shards import shard_of; print(shard_of('photos/cat.jpg', 3))"
     for seed in ("1", "12345"):
         out = subprocess.run(
             [sys.executable, "-c", code],

@@ -46,7 +46,7 @@ def _assets_dir() -> Path:
 
 @lru_cache
 def _favicon() -> bytes:
-    return files("service").joinpath("static/favicon.svg").read_bytes()
+    return files("vitrieval.service").joinpath("static/favicon.svg").read_bytes()
 
 
 def _docs_page(request: Request, render: Callable[..., HTMLResponse], **urls: str) -> HTMLResponse:

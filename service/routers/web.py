@@ -13,7 +13,7 @@ router = APIRouter(tags=["web"])
 
 @lru_cache
 def _page() -> str:
-    return files("service").joinpath("static/index.html").read_text(encoding="utf-8")
+    return files("vitrieval.service").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
 @router.get("/", response_class=HTMLResponse, summary="Search by image in the browser")
