@@ -1,0 +1,234 @@
+"""Every API call as data: what to send and how to read the answer (sans I/O).
+
+Each public function here builds one `Call` (method, path, query parameters, JSON
+body, which key it needs, whether it may be retried, how its answer is parsed) and
+is the single definition of a client method: `Client` and `AsyncClient` expose these
+functions as their methods (vitrieval.client.methods), so a method's parameters,
+types and docstring are written once, here, for both.
+
+Bodies are JSON, images base64 (`image_base64`, `images_base64`): the server reads
+multipart forms too, but JSON carries every field (vectors, lists, nested filters)
+the same way. Base64 adds a third to an image's size, which the server's body limit
+(`max_body_bytes`, 20 MiB by default) counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from vitrieval._version import __version__
+from vitrieval.service import answers
+
+from .errors import IncompatibleServerError
+from .inputs import ImageInput, VectorInput, image_base64, vector_list
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+Filter = Mapping[str, Any]
+"""A metadata filter: `{"must": [...], "should": [...], "must_not": [...]}` with
+`match`, `any` and `range` conditions (docs/index.md, "Metadata filters")."""
+Rerank = Literal["aqe", "dba"] | Mapping[str, Any]
+"""`"aqe"`, `"dba"`, or `{"method": "aqe", "n": 5, "alpha": 3.0}`."""
+LabelledQuery = tuple[str, ImageInput | VectorInput]
+"""(label, image or vector): a query of `evaluate(queries=...)`."""
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request and how its answer becomes a `T`.
+
+    `write`: sends the write key (else the read key). `idempotent`: sending it twice
+    does what sending it once does, so a failed attempt may be repeated.
+    `answer_statuses`: error statuses whose body is still the answer (/readyz's 503
+    is a `Status`).
+    """
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    params: dict[str, str] | None = None
+    json: dict[str, Any] | None = None
+    write: bool = False
+    idempotent: bool = True
+    answer_statuses: frozenset[int] = field(default_factory=frozenset)
+
+
+def _model(model: type[M]) -> Callable[[httpx.Response], M]:
+    def parse(response: httpx.Response) -> M:
+        return model.model_validate_json(response.content)
+
+    return parse
+
+
+def _item_path(key: str) -> str:
+    # slashes stay: the item routes take the rest of the path as the key
+    return "/v1/items/" + quote(key, safe="/")
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields that are set: the server's defaults apply to the others."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def search(
+    *,
+    image: ImageInput | None = None,
+    images: Sequence[ImageInput] | None = None,
+    vector: VectorInput | None = None,
+    key: str | None = None,
+    k: int = 10,
+    label: str | None = None,
+    filter: Filter | None = None,
+    fusion: Literal["mean", "max"] | None = None,
+    rerank: Rerank | None = None,
+    exclude_self: bool = True,
+) -> Call[answers.SearchResponse]:
+    """The `k` indexed items most similar to one query, best first: an image,
+    several `images` searched as one query (`fusion`: "mean", the default, or
+    "max"), an indexed item's `key` (the item itself left out unless `exclude_self`
+    is false) or a `vector`. `label` and `filter` narrow the hits; `rerank` re-ranks
+    them (alpha query expansion, or the index's DBA vectors)."""
+    body = _given(
+        k=k,
+        label=label,
+        filter=dict(filter) if filter is not None else None,
+        fusion=fusion,
+        rerank={"method": rerank} if isinstance(rerank, str) else rerank,
+        key=key,
+        image_base64=image_base64(image) if image is not None else None,
+        images_base64=[image_base64(i) for i in images] if images is not None else None,
+        vector=vector_list(vector) if vector is not None else None,
+    )
+    if not exclude_self:
+        body["exclude_self"] = False
+    return Call("POST", "/v1/search", _model(answers.SearchResponse), json=body)
+
+
+def embed(image: ImageInput) -> Call[answers.EmbedResponse]:
+    """The served model's embedding of an image (a unit vector)."""
+    body = {"image_base64": image_base64(image)}
+    return Call("POST", "/v1/embed", _model(answers.EmbedResponse), json=body)
+
+
+def add(
+    key: str,
+    *,
+    image: ImageInput | None = None,
+    vector: VectorInput | None = None,
+    label: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    replace: bool = False,
+) -> Call[answers.ItemWritten]:
+    """Add an item under `key`: an image (embedded by the server, kept for its
+    thumbnail) or a vector, with an optional label and metadata. An existing key is
+    a `ConflictError` unless `replace`. Needs the write key. Only an add with
+    `replace=True` is retried (a plain add sent twice would conflict with itself)."""
+    body = _given(
+        key=key,
+        label=label,
+        metadata=dict(metadata) if metadata is not None else None,
+        image_base64=image_base64(image) if image is not None else None,
+        vector=vector_list(vector) if vector is not None else None,
+    )
+    if replace:
+        body["replace"] = True
+    return Call(
+        "POST", "/v1/items", _model(answers.ItemWritten), json=body, write=True, idempotent=replace
+    )
+
+
+def get(key: str, *, vector: bool = False) -> Call[answers.ItemOut]:
+    """An item's label, metadata and whether it has an image; with `vector=True`
+    its stored vector too."""
+    params = {"vector": "true"} if vector else None
+    return Call("GET", _item_path(key), _model(answers.ItemOut), params=params)
+
+
+def thumbnail(key: str, *, size: int = 160) -> Call[bytes]:
+    """A JPEG of the item's image, at most `size` pixels on its longest side (16 to
+    512); a `NotFoundError` for an item added without an image."""
+    return Call(
+        "GET",
+        _item_path(key) + "/thumbnail",
+        lambda response: response.content,
+        params={"size": str(size)},
+    )
+
+
+def delete(key: str) -> Call[answers.ItemDeleted]:
+    """Delete an item (a `NotFoundError` if there is none). Needs the write key."""
+    return Call("DELETE", _item_path(key), _model(answers.ItemDeleted), write=True)
+
+
+def evaluate(
+    *,
+    queries: Sequence[LabelledQuery] | None = None,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    filter: Filter | None = None,
+) -> Call[answers.EvaluateResponse]:
+    """Retrieval quality over the index's labelled items: Recall@K and
+    Precision@K for each of `ks`, mAP, MAP@R, R-Precision. Without `queries`
+    (leave-one-out) every labelled item queries the others; with `queries`, each
+    (label, image or vector) pair is ranked against the labelled items. `filter`:
+    only the labelled items it allows take part."""
+    body: dict[str, Any] = {"mode": "leave-one-out", "ks": list(ks)}
+    if queries is not None:
+        body["mode"] = "queries"
+        body["queries"] = [_labelled_query(label, query) for label, query in queries]
+    if filter is not None:
+        body["filter"] = dict(filter)
+    return Call("POST", "/v1/evaluate", _model(answers.EvaluateResponse), json=body)
+
+
+def _labelled_query(label: str, query: ImageInput | VectorInput) -> dict[str, Any]:
+    # a sequence of numbers or an array is a vector; anything else must be an image
+    if hasattr(query, "tolist") or isinstance(query, list | tuple):
+        return {"label": label, "vector": vector_list(query)}
+    return {"label": label, "image_base64": image_base64(query)}
+
+
+def info() -> Call[answers.InfoResponse]:
+    """The served model, the index (count, generation, segments) and the service's
+    settings and version."""
+    return Call("GET", "/v1/info", _model(answers.InfoResponse))
+
+
+def health() -> Call[answers.Status]:
+    """/healthz: `status` "ok" while the process runs."""
+    return Call("GET", "/healthz", _model(answers.Status))
+
+
+def readiness() -> Call[answers.Status]:
+    """/readyz: `status` "ready" or "degraded" (serving), "loading" or "failing"
+    (not serving: returned too, not raised) and the `checks`."""
+    return Call("GET", "/readyz", _model(answers.Status), answer_statuses=frozenset({503}))
+
+
+def metrics() -> Call[str]:
+    """The Prometheus metrics, as text."""
+    return Call("GET", "/metrics", lambda response: response.text)
+
+
+def check_version() -> Call[str]:
+    """The server's vitrieval version, after checking that its major.minor release
+    is the client's (`IncompatibleServerError` if not)."""
+
+    def parse(response: httpx.Response) -> str:
+        server = answers.InfoResponse.model_validate_json(response.content).version
+        if not compatible(server, __version__):
+            raise IncompatibleServerError(server, __version__)
+        return server
+
+    return Call("GET", "/v1/info", parse)
+
+
+def compatible(server: str, client: str) -> bool:
+    """Whether two releases share their major.minor (the API changes only with those)."""
+    return server.split(".")[:2] == client.split(".")[:2]
