@@ -1,7 +1,7 @@
 """docs/python.md's examples, run as written: every ```python block of a section in one
 namespace, in order, in a folder holding `model.onnx` (an exported model) and `images/`
 (digit PNGs, a folder per label). The client's section runs against a real server on
-loopback whose write key is the page's `secret-key`; its address replaces the page's
+loopback whose write key is the page's `my-secret-write-key`; its address replaces the page's
 `http://localhost:8000`."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from serving import Server
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "python.md"
 PAGE_URL = "http://localhost:8000"
-PAGE_KEY = "secret-key"
+PAGE_KEY = "my-secret-write-key"
 
 
 def sections(text: str) -> dict[str, list[str]]:
