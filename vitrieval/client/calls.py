@@ -151,14 +151,15 @@ def get(key: str, *, vector: bool = False) -> Call[answers.ItemOut]:
     return Call("GET", _item_path(key), _model(answers.ItemOut), params=params)
 
 
-def thumbnail(key: str, *, size: int = 160) -> Call[bytes]:
-    """A JPEG of the item's image, at most `size` pixels on its longest side (16 to
-    512); a `NotFoundError` for an item added without an image."""
+def thumbnail(key: str, *, size: int | None = None) -> Call[bytes]:
+    """A JPEG of the item's image, at most `size` pixels on its longest side (None: the
+    server's default; the range is in /openapi.json); a `NotFoundError` for an item
+    added without an image."""
     return Call(
         "GET",
         _item_path(key) + "/thumbnail",
         lambda response: response.content,
-        params={"size": str(size)},
+        params=None if size is None else {"size": str(size)},
     )
 
 
