@@ -14,7 +14,21 @@ from .state import ServiceState
 
 API_KEY_HEADER = "X-API-Key"
 
-_key_header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="the API key")
+KEY_SCHEME = "APIKeyHeader"
+OPTIONAL_KEY_SCHEME = "OptionalAPIKeyHeader"
+"""The read routes' scheme as FastAPI names it; the OpenAPI document states it as
+KEY_SCHEME made optional (service/openapi.py), since OpenAPI has no optional scheme."""
+
+_key_header = APIKeyHeader(
+    name=API_KEY_HEADER,
+    scheme_name=KEY_SCHEME,
+    auto_error=False,
+    description="the API key: always for adds and deletes, for reads when the server "
+    "has a read key (VITRIEVAL_READ_API_KEY)",
+)
+_read_key_header = APIKeyHeader(
+    name=API_KEY_HEADER, scheme_name=OPTIONAL_KEY_SCHEME, auto_error=False
+)
 
 
 def get_state(request: Request) -> ServiceState:
@@ -55,7 +69,7 @@ def require_write_key(
 
 
 def require_read_key(
-    request: Request, key: Annotated[str | None, Security(_key_header)] = None
+    request: Request, key: Annotated[str | None, Security(_read_key_header)] = None
 ) -> None:
     settings = _settings(request)
     if settings.read_api_key is None:

@@ -7,10 +7,12 @@ is the multipart one without files. All are parsed here into one pydantic model 
 the image bytes, with 4xx errors that name the field.
 
 A route declares its body once, as a `RequestBody`: the model and the image parts a
-form carries. The same declaration reads requests and documents them: the OpenAPI
-`requestBody` of every content type is generated from the model's JSON schema (a
-form's fields are the model's, marked `schemas.FormField` where a form sends JSON text
-or cannot send the field), so every limit and pattern is written once, in the model.
+form carries. The same declaration reads requests and documents them, from the model's
+JSON schema, so every limit and pattern is written once, in the model: the OpenAPI
+`requestBody` is the JSON body, the model as a named component (one content type,
+which client generators need); the forms (`form_schemas`: the model's fields, marked
+`schemas.FormField` where a form sends JSON text or cannot send the field) are listed
+in the operation's description.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class RequestBody(Generic[M]):
     """What a route's body holds: `model`, and in a multipart form up to `max_images`
     file parts named `image_field` (None: no file part). `form_needs_image`: a form
     only succeeds with an image (what else the route needs is JSON only), so the
-    urlencoded form, which cannot carry one, is left undocumented."""
+    urlencoded form, which cannot carry one, is not offered."""
 
     model: type[M]
     image_field: str | None = "image"
@@ -74,7 +76,7 @@ class RequestBody(Generic[M]):
         return parsed, images[0] if images else None
 
     def openapi(self) -> dict[str, Any]:
-        """`openapi_extra` documenting the body in every content type the route reads."""
+        """`openapi_extra` documenting the body: see `openapi_body`."""
         return openapi_body(self)
 
 
@@ -244,7 +246,7 @@ def _json_field(text: str, field: str) -> Any:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        raise ApiError(422, "invalid_request", f"{field} must be a JSON object") from None
+        raise ApiError(422, "invalid_request", f"{field} must be JSON text") from None
     problem = find_unencodable(value, field)
     if problem:
         raise ApiError(422, "invalid_text", problem)
@@ -266,9 +268,15 @@ def _validate(model: type[M], values: dict[str, Any]) -> M:
 # -- OpenAPI ----------------------------------------------------------------------------
 
 
+COMPONENTS = "x-vitrieval-components"
+"""Where `openapi_body` leaves the schemas its `$ref`s name, in the operation; the
+app's OpenAPI hook (service/openapi.py) moves them under components/schemas."""
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     """A pydantic JSON schema with its `$defs` references replaced by the definitions,
-    so it can sit inside an OpenAPI operation without component bookkeeping."""
+    so a form field's JSON text can state its decoded value in one schema."""
     schema = copy.deepcopy(schema)
     defs = schema.pop("$defs", {})
 
@@ -286,8 +294,27 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def openapi_body(body: RequestBody[Any]) -> dict[str, Any]:
-    """`openapi_extra` documenting `body` as JSON, as a multipart form and (when a form
-    without a file can succeed) as a urlencoded form, all from the model's schema."""
+    """`openapi_extra` for a route reading `body`: the JSON body as a `$ref` to the model
+    (its schema and the models it refers to under `COMPONENTS`), and a description of
+    the forms the route also reads. Builds the forms' schemas, so a field a form cannot
+    carry fails here, when the route is declared."""
+    name = body.model.__name__
+    schema = body.model.model_json_schema(ref_template=REF_TEMPLATE)
+    components = {name: schema, **schema.pop("$defs", {})}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": {"$ref": REF_TEMPLATE.format(model=name)}}},
+        },
+        "description": forms_description(body),
+        COMPONENTS: components,
+    }
+
+
+def form_schemas(body: RequestBody[Any]) -> dict[str, dict[str, Any]]:
+    """The forms a route reading `body` accepts, by content type, as JSON schemas from
+    the model's: a multipart form (with the image parts) and, when a form without a
+    file can succeed, a urlencoded one."""
     schema = _inline_refs(body.model.model_json_schema())
     fields = _form_fields(body.model, schema)
     required = [name for name in schema.get("required", ()) if name in fields]
@@ -296,13 +323,38 @@ def openapi_body(body: RequestBody[Any]) -> dict[str, Any]:
         multipart_fields = {body.image_field: _image_part(body.max_images), **fields}
         if body.form_needs_image:
             required = [body.image_field, *required]
-    content: dict[str, Any] = {JSON: {"schema": schema}}
-    content[MULTIPART] = {"schema": _form_schema(schema, multipart_fields, required)}
-    if body.image_field is not None:
-        content[MULTIPART]["encoding"] = {body.image_field: {"contentType": "image/*"}}
+    forms = {MULTIPART: _form_schema(schema, multipart_fields, required)}
     if body.image_field is None or not body.form_needs_image:
-        content[URLENCODED] = {"schema": _form_schema(schema, fields, required)}
-    return {"requestBody": {"required": True, "content": content}}
+        forms[URLENCODED] = _form_schema(schema, fields, required)
+    return forms
+
+
+def forms_description(body: RequestBody[Any]) -> str:
+    """Markdown for the operation's description: the forms the route reads besides
+    JSON, and their fields (the JSON schema states each field's limits)."""
+    lines = []
+    for content_type, form in form_schemas(body).items():
+        required = set(form.get("required", ()))
+        fields = []
+        for name, field in form["properties"].items():
+            kind = _form_field_kind(field)
+            fields.append(f"`{name}` ({kind}{', required' if name in required else ''})")
+        lines.append(f"- `{content_type}`: {', '.join(fields)}")
+    image = f", the image as the file part `{body.image_field}`" if body.image_field else ""
+    return (
+        f"The body may also be a form with the JSON body's fields{image}; objects and "
+        f"lists are JSON text:\n\n" + "\n".join(lines)
+    )
+
+
+def _form_field_kind(field: dict[str, Any]) -> str:
+    if field.get("format") == "binary":
+        return "file"
+    if field.get("items", {}).get("format") == "binary":
+        return f"file, repeated for up to {field['maxItems']}"
+    if field.get("contentMediaType") == JSON:
+        return "JSON text"
+    return "text"
 
 
 def _form_schema(

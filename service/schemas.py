@@ -1,4 +1,5 @@
-"""Request and response models of the HTTP API (what FastAPI's OpenAPI schema shows)."""
+"""Request models of the HTTP API: the OpenAPI document's request-body components (the
+answers' models are in answers.py)."""
 
 from __future__ import annotations
 
@@ -78,10 +79,10 @@ class FormField(Enum):
     """How a request model's field travels in a multipart or urlencoded form, marked on
     the field (`Annotated[..., FormField.JSON_TEXT]`); an unmarked field is one text
     field, validated as pydantic validates strings. `vitrieval.service.inputs` reads forms and
-    documents them (OpenAPI) from these marks."""
+    documents them (the operations' descriptions) from these marks."""
 
     JSON_TEXT = "json-text"
-    """a JSON object sent as JSON text, decoded before validation"""
+    """a JSON value (an object, a list) sent as JSON text, decoded before validation"""
     JSON_ONLY = "json-only"
     """not a form field: a base64 image (a form sends the file part instead) or a list"""
 
@@ -223,14 +224,15 @@ class EvaluateRequest(Strict):
     queries: the uploaded labelled queries are ranked against the labelled items."""
 
     mode: Literal["leave-one-out", "queries"] = "leave-one-out"
-    ks: Annotated[list[Annotated[int, Field(ge=1, le=MAX_K)]], JsonOnly] = Field(
+    # JSON text in a form, so that a form can ask for mode `queries` too
+    ks: Annotated[list[Annotated[int, Field(ge=1, le=MAX_K)]], JsonText] = Field(
         [1, 2, 4, 8],
         min_length=1,
         max_length=MAX_EVALUATE_KS,
-        description="the K of Recall@K (JSON only)",
+        description="the K of Recall@K",
     )
-    queries: Annotated[list[LabelledQuery] | None, JsonOnly] = Field(
-        None, max_length=MAX_EVALUATE_QUERIES, description="mode queries: the queries (JSON only)"
+    queries: Annotated[list[LabelledQuery] | None, JsonText] = Field(
+        None, max_length=MAX_EVALUATE_QUERIES, description="mode queries: the queries"
     )
     filter: Annotated[MetadataFilter | None, JsonText] = Field(
         None, description="only the labelled items whose metadata satisfy it take part"

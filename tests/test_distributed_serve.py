@@ -178,6 +178,9 @@ def test_ray_local_serves_a_store_as_the_single_process_server(indexes, query, d
         assert_same_answers(server.url, expected, query)
         refused = httpx.post(f"{server.url}/v1/items", json={"key": "x"}, timeout=30)
         assert refused.status_code == 403 and refused.json()["code"] == "read_only"
+        info = httpx.get(f"{server.url}/v1/info", timeout=30)
+        assert info.status_code == 200, info.text
+        assert info.json()["service"]["batching"] is True
     finally:
         code = server.stop()
     assert code == 0, server.output()

@@ -1,10 +1,11 @@
 """The OpenAPI document states the limits the service enforces, from the constants.
 
-Every request body is documented for each content type its route reads (JSON, a
-multipart form, a urlencoded form), generated from the request models. Here the
-generated document is walked and every numeric limit and pattern it states, in every
-content type, is compared with the constant the validation uses: none may be missing,
-differ, or appear without a constant behind it.
+Every request body is in the document as JSON, a named component generated from the
+request model; the forms a route also reads (multipart, urlencoded) are generated from
+the same model by `inputs.form_schemas` and listed in the operation's description.
+Here every numeric limit and pattern stated, in the JSON components and in every form,
+is compared with the constant the validation uses: none may be missing, differ, or
+appear without a constant behind it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pydantic import BaseModel
 
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from vitrieval.service.app import create_app
-from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, openapi_body
-from vitrieval.service.routers.items import MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
+from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
+from vitrieval.service.routers.evaluate import EVALUATE_BODY
+from vitrieval.service.routers.items import ITEM_BODY, MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
+from vitrieval.service.routers.search import EMBED_BODY, SEARCH_BODY
 from vitrieval.service.schemas import (
     KEY_PATTERN,
     MAX_EVALUATE_KS,
@@ -78,18 +81,25 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     },
     "/v1/embed": {JSON: {}, MULTIPART: {}},
     "/v1/evaluate": {
-        JSON: {
+        content_type: {
             "ks": {"minItems": 1, "maxItems": MAX_EVALUATE_KS},
             "ks[]": K,
             "queries": {"maxItems": MAX_EVALUATE_QUERIES},
             "queries[].label": LABEL,
             "queries[].vector": VECTOR,
-        },
-        MULTIPART: {},
-        URLENCODED: {},
+        }
+        for content_type in (JSON, MULTIPART, URLENCODED)
     },
 }
 """route -> content type -> field (dotted; `[]` an array's items) -> keyword -> value"""
+
+
+BODIES: dict[str, RequestBody[Any]] = {
+    "/v1/search": SEARCH_BODY,
+    "/v1/items": ITEM_BODY,
+    "/v1/embed": EMBED_BODY,
+    "/v1/evaluate": EVALUATE_BODY,
+}
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +107,12 @@ def openapi() -> dict[str, Any]:
     return create_app(Settings(read_only=True)).openapi()
 
 
-def documented_limits(schema: Any, path: str = "") -> dict[str, dict[str, Any]]:
+def documented_limits(
+    schema: Any, components: dict[str, Any], path: str = ""
+) -> dict[str, dict[str, Any]]:
     """Every limit keyword in `schema`, by the field it constrains: object properties
-    extend the path, array items add `[]`; anyOf branches and a JSON-text form field's
-    decoded value (contentSchema) constrain the same field."""
+    extend the path, array items add `[]`; anyOf branches, a `$ref`'s component and a
+    JSON-text form field's decoded value (contentSchema) constrain the same field."""
     found: dict[str, dict[str, Any]] = {}
 
     def walk(node: Any, where: str) -> None:
@@ -110,6 +122,8 @@ def documented_limits(schema: Any, path: str = "") -> dict[str, dict[str, Any]]:
             return
         if not isinstance(node, dict):
             return
+        if "$ref" in node:
+            walk(components[node["$ref"].removeprefix("#/components/schemas/")], where)
         for keyword in LIMIT_KEYWORDS:
             if keyword in node:
                 limits = found.setdefault(where, {})
@@ -135,11 +149,36 @@ def request_bodies(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def test_every_request_body_and_content_type_is_covered(openapi) -> None:
+def body_schemas(openapi: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
+    """The route's body schema by content type: the JSON component and the forms."""
+    ref = request_bodies(openapi)[path][JSON]["schema"]["$ref"]
+    component = openapi["components"]["schemas"][ref.removeprefix("#/components/schemas/")]
+    return {JSON: component, **form_schemas(BODIES[path])}
+
+
+def test_every_request_body_is_one_json_component_and_its_forms(openapi) -> None:
     bodies = request_bodies(openapi)
-    assert set(bodies) == set(EXPECTED)
+    assert set(bodies) == set(EXPECTED) == set(BODIES)
     for path, content in bodies.items():
-        assert set(content) == set(EXPECTED[path]), path
+        name = BODIES[path].model.__name__
+        # one content type: client generators cannot read a body offered in several
+        assert content == {JSON: {"schema": {"$ref": f"#/components/schemas/{name}"}}}
+        assert set(body_schemas(openapi, path)) == set(EXPECTED[path]), path
+
+
+def test_each_operation_describes_its_forms_fields(openapi) -> None:
+    for path, operations in openapi["paths"].items():
+        for operation in operations.values():
+            if "requestBody" not in operation:
+                continue
+            for content_type, form in form_schemas(BODIES[path]).items():
+                (line,) = [
+                    line
+                    for line in operation["description"].splitlines()
+                    if line.startswith(f"- `{content_type}`:")
+                ]
+                for name in form["properties"]:
+                    assert f"`{name}` (" in line, (path, content_type, name)
 
 
 @pytest.mark.parametrize(
@@ -147,31 +186,36 @@ def test_every_request_body_and_content_type_is_covered(openapi) -> None:
     [(path, content_type) for path, types in EXPECTED.items() for content_type in types],
 )
 def test_the_documented_limits_are_the_constants(openapi, path, content_type) -> None:
-    schema = request_bodies(openapi)[path][content_type]["schema"]
-    assert documented_limits(schema) == EXPECTED[path][content_type]
+    schema = body_schemas(openapi, path)[content_type]
+    components = openapi["components"]["schemas"]
+    assert documented_limits(schema, components) == EXPECTED[path][content_type]
 
 
 def test_forms_document_their_fields_as_the_models_do(openapi) -> None:
-    bodies = request_bodies(openapi)
-    search = bodies["/v1/search"]
+    search = body_schemas(openapi, "/v1/search")
     for content_type in (MULTIPART, URLENCODED):
-        fields = search[content_type]["schema"]["properties"]
+        fields = search[content_type]["properties"]
         assert {"image_base64", "images_base64", "vector"}.isdisjoint(fields)
-        assert fields["k"] == search[JSON]["schema"]["properties"]["k"]
+        assert fields["k"] == search[JSON]["properties"]["k"]
         assert fields["rerank"]["type"] == "string"
         assert fields["rerank"]["contentMediaType"] == "application/json"
-    image = search[MULTIPART]["schema"]["properties"]["image"]
+    image = search[MULTIPART]["properties"]["image"]
     assert image["items"]["format"] == "binary"
-    items = bodies["/v1/items"][MULTIPART]["schema"]
+    items = body_schemas(openapi, "/v1/items")[MULTIPART]
     assert items["required"] == ["image", "key"]
     assert items["properties"]["image"]["format"] == "binary"
-    assert bodies["/v1/embed"][MULTIPART]["schema"]["required"] == ["image"]
+    assert body_schemas(openapi, "/v1/embed")[MULTIPART]["required"] == ["image"]
+    evaluate = body_schemas(openapi, "/v1/evaluate")
+    for content_type in (MULTIPART, URLENCODED):  # mode `queries` works from a form too
+        fields = evaluate[content_type]["properties"]
+        assert {"mode", "ks", "queries", "filter"} == set(fields)
+        assert fields["queries"]["contentMediaType"] == "application/json"
 
 
 def test_metadata_size_and_depth_are_the_constants(openapi) -> None:
-    items = request_bodies(openapi)["/v1/items"]
-    for content_type, content in items.items():
-        description = content["schema"]["properties"]["metadata"]["description"]
+    items = body_schemas(openapi, "/v1/items")
+    for content_type, schema in items.items():
+        description = schema["properties"]["metadata"]["description"]
         assert f"at most {MAX_METADATA_BYTES // 1024} KiB" in description, content_type
         assert f"{MAX_METADATA_DEPTH} levels deep" in description, content_type
 
@@ -182,7 +226,7 @@ def test_the_thumbnail_size_and_max_k_setting_are_the_constants(openapi) -> None
         for parameter in openapi["paths"]["/v1/items/{key}/thumbnail"]["get"]["parameters"]
         if parameter["name"] == "size"
     ]
-    assert documented_limits(size["schema"]) == {
+    assert documented_limits(size["schema"], {}) == {
         "": {"minimum": MIN_THUMBNAIL_SIZE, "maximum": MAX_THUMBNAIL_SIZE}
     }
     max_k = Settings.model_json_schema()["properties"]["max_k"]
@@ -194,4 +238,4 @@ def test_a_field_a_form_cannot_carry_must_be_marked() -> None:
         values: list[int] = []
 
     with pytest.raises(TypeError, match=r"Unmarked\.values"):
-        openapi_body(RequestBody(Unmarked))
+        RequestBody(Unmarked).openapi()  # what a route's declaration calls, at import

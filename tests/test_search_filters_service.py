@@ -24,6 +24,8 @@ from vitrieval.index.shards import open_index
 from vitrieval.index.store import IndexStore, StoreError
 from vitrieval.index.store.filters import MAX_FILTER_DEPTH
 from vitrieval.service.app import create_app
+from vitrieval.service.inputs import form_schemas
+from vitrieval.service.routers.search import SEARCH_BODY
 from vitrieval.service.settings import Settings
 from vitrieval.service.state import check_vector
 
@@ -349,16 +351,15 @@ def test_bad_rerank_parameters_are_422(client, rerank, named) -> None:
 
 def test_the_openapi_form_documents_filter_fusion_rerank_and_images(client) -> None:
     schema = client.get("/openapi.json").json()
-    body = schema["paths"]["/v1/search"]["post"]["requestBody"]["content"]
-    fields = body["multipart/form-data"]["schema"]["properties"]
+    fields = form_schemas(SEARCH_BODY)["multipart/form-data"]["properties"]
     assert fields["filter"]["type"] == "string" and "must" in fields["filter"]["description"]
     assert fields["fusion"]["enum"] == ["mean", "max"]
     assert fields["image"]["type"] == "array" and fields["image"]["items"]["format"] == "binary"
     assert fields["image"]["maxItems"] == 16
-    props = body["application/json"]["schema"]["properties"]
+    components = schema["components"]["schemas"]
+    props = components["SearchRequest"]["properties"]
     assert {"filter", "rerank", "fusion", "images_base64"} <= set(props)
-    evaluate = schema["paths"]["/v1/evaluate"]["post"]["requestBody"]["content"]
-    assert "filter" in evaluate["application/json"]["schema"]["properties"]
+    assert "filter" in components["EvaluateRequest"]["properties"]
 
 
 # -- the Ray Serve ingress's index access, without a cluster ------------------------------

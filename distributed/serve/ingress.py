@@ -51,7 +51,7 @@ from vitrieval.service.settings import Settings
 from vitrieval.service.state import Timings, check_vector, keep_upload
 
 from .options import REMOTE_TIMEOUT_S, STATS_POLL_S
-from .replicas import ErrorAnswer, ModelInfo, StoreFailure
+from .replicas import ErrorAnswer, ModelInfo, StoreFailure, serve_batching
 
 logger = logging.getLogger("vitrieval.serve")
 
@@ -232,10 +232,14 @@ def _raise_failure(answers: list[Any]) -> list[Any]:
 
 
 @dataclass
-class _Alive:
-    """`batcher.alive` for /readyz: Serve restarts a dead embedder replica itself."""
+class ServeBatching:
+    """What the routes read of the single-process `DynamicBatcher`, for the embedder
+    deployment: each replica batches with Serve's `@serve.batch` (on unless turned off)
+    and runs one model call at a time."""
 
-    alive: bool = True
+    enabled: bool
+    model_calls_at_once: int  # one per embedder replica
+    alive: bool = True  # for /readyz: Serve restarts a dead embedder replica itself
 
 
 @dataclass
@@ -247,7 +251,7 @@ class IngressState:
     embedder: ModelInfo
     index: RemoteIndex
     model: DeploymentHandle
-    batcher: _Alive = field(default_factory=_Alive)
+    batcher: ServeBatching
     ready: bool = False
     started: float = field(default_factory=time.time)
     evaluating: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -288,11 +292,16 @@ class Ingress:
     shard deployments (Serve passes their handles) instead of loading them."""
 
     def __init__(
-        self, settings: Settings, model: DeploymentHandle, shards: list[DeploymentHandle]
+        self,
+        settings: Settings,
+        model: DeploymentHandle,
+        shards: list[DeploymentHandle],
+        embed_replicas: int,
     ) -> None:
         self.settings = settings
         self.model = model
         self.shards = shards
+        self.batching = ServeBatching(serve_batching(settings), model_calls_at_once=embed_replicas)
         self.metrics = ServiceMetrics()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -304,7 +313,7 @@ class Ingress:
         info: ModelInfo = await self.model.describe.remote()
         assert settings.index is not None
         index = RemoteIndex(self.shards, Path(settings.index), info.dim)
-        state = IngressState(settings, metrics, info, index, self.model)
+        state = IngressState(settings, metrics, info, index, self.model, self.batching)
         app.state.service = state
         state.ready = True
         metrics.ready.set(1)

@@ -75,6 +75,11 @@ class ModelInfo:
     self_check: dict[str, Any]
 
 
+def serve_batching(settings: Settings) -> bool:
+    """Whether the embedder replicas batch (Serve's `@serve.batch`): unless turned off."""
+    return settings.batching is not False
+
+
 class EmbedderReplica:
     """The model: decodes uploads in a thread pool (under the decode memory budget, as
     the single-process server does) and embeds concurrent requests in one model call
@@ -106,8 +111,7 @@ class EmbedderReplica:
         )
         # one model call at a time, each on all of ONNX Runtime's threads
         self.model_pool = ThreadPoolExecutor(1, thread_name_prefix="vitrieval-model")
-        # Serve's @serve.batch is this deployment's batching: on unless turned off
-        batch_size = settings.max_batch_size if settings.batching is not False else 1
+        batch_size = settings.max_batch_size if serve_batching(settings) else 1
         self._embed_batch.set_max_batch_size(batch_size)
         self._embed_batch.set_batch_wait_timeout_s(settings.max_batch_wait_ms / 1000)
 

@@ -138,7 +138,7 @@ def build_application(
         max_ongoing_requests=INGRESS_HEADROOM * settings.max_concurrency,
         max_queued_requests=settings.max_concurrency,
     )
-    return ingress.bind(settings, model, shards)
+    return ingress.bind(settings, model, shards, embed_replicas)
 
 
 def serve_logging() -> dict[str, Any]:

@@ -35,6 +35,7 @@ EVALUATE_BODY = RequestBody(EvaluateRequest, image_field=None)
 
 @router.post(
     "/evaluate",
+    operation_id="evaluate",
     summary="Recall@K, mAP, MAP@R and R-Precision over the labelled items",
     openapi_extra=EVALUATE_BODY.openapi(),
     responses=error_responses(400, 401, 413, 415, 422, 429),

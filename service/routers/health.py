@@ -20,13 +20,16 @@ from ..upkeep import CHECKPOINT_STALLED
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Status, summary="The process is alive")
+@router.get(
+    "/healthz", operation_id="healthz", response_model=Status, summary="The process is alive"
+)
 async def healthz() -> Status:
     return Status(status="ok")
 
 
 @router.get(
     "/readyz",
+    operation_id="readyz",
     response_model=Status,
     summary="The model and index are loaded and the self-check passed",
     responses={503: {"model": Status}},
@@ -72,6 +75,7 @@ async def readyz(request: Request) -> Any:
 
 @router.get(
     "/v1/info",
+    operation_id="get_info",
     summary="The served model, the index and the service settings",
     dependencies=[ReadAccess],
     responses=error_responses(401),
@@ -124,9 +128,15 @@ async def info(state: ServiceDep) -> InfoResponse:
 
 @router.get(
     "/metrics",
+    operation_id="get_metrics",
     summary="Prometheus metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE: {}}}},
+    responses={
+        200: {
+            "description": "the Prometheus text format",
+            "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+        }
+    },
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)

@@ -47,6 +47,7 @@ KeyPath = Annotated[
 
 @router.post(
     "",
+    operation_id="add_item",
     status_code=201,
     response_model=ItemWritten,
     summary="Add an item (image or vector) under a key",
@@ -93,10 +94,17 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
 
 @router.get(
     "/{key:path}/thumbnail",
+    operation_id="get_thumbnail",
     summary="A JPEG thumbnail of the item's image",
     dependencies=[ReadAccess],
     response_class=Response,
-    responses={200: {"content": {"image/jpeg": {}}}, **error_responses(401, 404)},
+    responses={
+        200: {
+            "description": "the thumbnail, a JPEG",
+            "content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
+        },
+        **error_responses(401, 404),
+    },
 )
 async def thumbnail(
     key: KeyPath,
@@ -121,6 +129,7 @@ async def thumbnail(
 
 @router.get(
     "/{key:path}",
+    operation_id="get_item",
     response_model=ItemOut,
     response_model_exclude_none=False,
     summary="One item's label, metadata and (optionally) vector",
@@ -146,6 +155,7 @@ async def get_item(
 
 @router.delete(
     "/{key:path}",
+    operation_id="delete_item",
     response_model=ItemDeleted,
     summary="Delete an item",
     dependencies=[WriteAccess],

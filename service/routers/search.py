@@ -33,6 +33,7 @@ EMBED_BODY = RequestBody(EmbedRequest, form_needs_image=True)
 
 @router.post(
     "/search",
+    operation_id="search",
     response_model=SearchResponse,
     summary="Find the indexed items most similar to an image (or images), a key or a vector",
     openapi_extra=SEARCH_BODY.openapi(),
@@ -113,6 +114,7 @@ async def _search(
 
 @router.post(
     "/embed",
+    operation_id="embed",
     response_model=EmbedResponse,
     summary="Embed one image with the served model",
     openapi_extra=EMBED_BODY.openapi(),

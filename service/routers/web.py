@@ -16,6 +16,11 @@ def _page() -> str:
     return files("vitrieval.service").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
-@router.get("/", response_class=HTMLResponse, summary="Search by image in the browser")
+@router.get(
+    "/",
+    operation_id="get_page",
+    response_class=HTMLResponse,
+    summary="Search by image in the browser",
+)
 async def page() -> HTMLResponse:
     return HTMLResponse(_page())
