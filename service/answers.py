@@ -1,4 +1,5 @@
-"""What the HTTP API answers: one pydantic model per response body.
+"""What the HTTP API answers: one pydantic model per response body, and the header the
+API keys travel in.
 
 The routes declare these as their response models (so /openapi.json names each one),
 and `vitrieval.client` parses the server's answers into the same classes: a field is
@@ -11,6 +12,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+API_KEY_HEADER = "X-API-Key"
+"""The request header of the write and read keys, for the server and the client."""
 
 
 class ErrorBody(BaseModel):

@@ -8,11 +8,10 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 
+from .answers import API_KEY_HEADER
 from .errors import ApiError
 from .settings import Settings
 from .state import ServiceState
-
-API_KEY_HEADER = "X-API-Key"
 
 KEY_SCHEME = "APIKeyHeader"
 OPTIONAL_KEY_SCHEME = "OptionalAPIKeyHeader"

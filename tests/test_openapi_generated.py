@@ -23,7 +23,7 @@ import pytest
 from serving import REPO, Server
 
 from vitrieval.index.evaluation.datasets import csv_list
-from vitrieval.service.deps import API_KEY_HEADER
+from vitrieval.service.answers import API_KEY_HEADER
 
 KEY = "generated-client-key-0123"
 READ_KEY = "generated-client-read-key"

@@ -16,6 +16,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import httpx
 
 from vitrieval._version import __version__
+from vitrieval.service.answers import API_KEY_HEADER
 
 from . import calls
 from .calls import Call
@@ -24,7 +25,6 @@ from .exchange import RetryPolicy
 P = ParamSpec("P")
 T = TypeVar("T")
 
-API_KEY_HEADER = "X-API-Key"
 DEFAULT_TIMEOUT_S = 60.0
 """Longer than the server's own request limit (30 s by default), so that a slow call
 ends with the server's 503 `timeout`, which says what happened, not a client timeout."""
