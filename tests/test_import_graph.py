@@ -17,6 +17,7 @@ the product packages are left out.
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -223,19 +224,28 @@ TORCH_FREE = ("index", "service")
 MAX_PRODUCT_LINES = 600
 
 
-def torch_imports(source: str) -> list[tuple[int, str]]:
-    """(line, module) of the torch-family imports a module's source runs, function-level
-    ones included."""
+def absolute_imports(
+    source: str, packages: Collection[str], *, type_checking: bool = True
+) -> list[tuple[int, str]]:
+    """(line, module) of the absolute imports in `source` of modules whose top-level
+    name is in `packages`, function-level ones included, and those under `if
+    TYPE_CHECKING:` unless `type_checking` is False."""
+    tree = ast.parse(source)
     found = []
-    for node in _runtime_nodes(ast.parse(source)):
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
             names = [node.module or ""]
         else:
             continue
-        found += [(node.lineno, n) for n in names if n.split(".")[0] in TORCH_PACKAGES]
+        found += [(node.lineno, n) for n in names if n.split(".")[0] in packages]
     return sorted(found)
+
+
+def torch_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of the torch-family imports a module's source runs."""
+    return absolute_imports(source, TORCH_PACKAGES, type_checking=False)
 
 
 def test_index_and_service_never_import_torch():

@@ -4,7 +4,6 @@ imports beside `vitrieval.distributed`."""
 
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_import_graph import module_files
+from test_import_graph import absolute_imports, module_files
 
 import vitrieval
 from vitrieval._folders import SUBPACKAGE_FOLDERS
@@ -154,16 +153,7 @@ def test_no_module_is_loaded_under_two_names():
 
 def bare_imports(source: str) -> list[tuple[int, str]]:
     """Absolute imports of a repository folder by its bare name (`from index import x`)."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        else:
-            continue
-        found += [(node.lineno, n) for n in names if n.split(".")[0] in SUBPACKAGE_FOLDERS]
-    return found
+    return absolute_imports(source, SUBPACKAGE_FOLDERS)
 
 
 def test_every_import_is_vitrieval_qualified_or_relative():
