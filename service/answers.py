@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 API_KEY_HEADER = "X-API-Key"
-"""The request header of the write and read keys, for the server and the client."""
+"""The request header of the write and read keys. It sits here, with the answers, as the
+one module of the HTTP API's terms that the client can import without FastAPI."""
 
 
 class ErrorBody(BaseModel):
@@ -71,12 +72,15 @@ class ItemWritten(ItemOut):
 
 
 class ItemDeleted(BaseModel):
+    """An item's deletion: `deleted` is true when it is gone."""
+
     key: str
     deleted: bool
 
 
 class Status(BaseModel):
-    """/healthz and /readyz: `ready`, `degraded`, `loading` or `failing`, and the checks."""
+    """/healthz (`ok`) and /readyz (`ready`, `degraded`, `loading` or `failing`), and
+    the checks behind the answer."""
 
     status: str
     checks: dict[str, Any] = Field(default_factory=dict)
@@ -105,6 +109,8 @@ class EvaluateResponse(BaseModel):
 
 
 class ModelInfo(BaseModel):
+    """The served model, as its file's metadata describes it."""
+
     file: str
     backbone: str | None
     pooling: str | None
@@ -115,6 +121,8 @@ class ModelInfo(BaseModel):
 
 
 class SegmentInfo(BaseModel):
+    """One sealed segment of the index: its rows, the live ones and the deleted ones."""
+
     number: int
     rows: int
     live: int
@@ -124,6 +132,8 @@ class SegmentInfo(BaseModel):
 
 
 class IndexInfo(BaseModel):
+    """The served index: its size, FAISS factory, generation and segments."""
+
     count: int = Field(description="live items")
     deleted: int
     factory: str = Field(description="the FAISS factory string")
@@ -139,6 +149,8 @@ class IndexInfo(BaseModel):
 
 
 class ServiceInfo(BaseModel):
+    """The service's settings that a client may need (limits, batching, mutations)."""
+
     batching: bool
     model_calls_at_once: int
     max_batch_size: int

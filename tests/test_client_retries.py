@@ -151,6 +151,48 @@ def test_client_errors_are_not_retried(flaky, client):
     assert len(flaky.requests) == 1
 
 
+def test_a_retried_delete_that_finds_nothing_has_deleted(flaky, client):
+    """The first attempt's answer was lost (a 503 after the server acted): the repeat's
+    404 means the item is gone, which is what the call asked for. A first-attempt 404
+    stays an error (above), and a search's 404 on a repeat stays one too."""
+    gone = (404, {}, {"detail": "no item", "code": "unknown_key"})
+    flaky.expect(BUSY, gone)
+    answer = client.delete("k")
+    assert (answer.key, answer.deleted, len(flaky.requests)) == ("k", True, 2)
+    flaky.expect(BUSY, gone)
+    with pytest.raises(NotFoundError):
+        client.search(key="k")
+
+
+def test_local_inputs_are_checked_or_converted_before_sending(flaky, client):
+    from PIL import Image
+
+    flaky.expect((200, {}, {"embedding": [1.0], "dim": 1, "fingerprint": "f", "timings_ms": {}}))
+    client.embed(Image.new("CMYK", (8, 8)))  # PNG holds no CMYK: sent as RGB
+    for mode in ("CMYK", "F", "YCbCr"):
+        client.embed(Image.new(mode, (8, 8)))
+    assert len(flaky.requests) == 4
+    with pytest.raises(ValueError, match="finite"):
+        client.search(vector=[1.0, float("nan")])
+    assert len(flaky.requests) == 4  # nothing sent
+
+
+def test_the_clients_defaults_are_the_servers():
+    """Left None, an option takes the server's default; `k` is stated (the call's
+    documented signature) and must agree with the server's."""
+    import inspect
+
+    from vitrieval.client import calls
+    from vitrieval.client.methods import DEFAULT_TIMEOUT_S
+    from vitrieval.service.schemas import SearchRequest
+    from vitrieval.service.settings import Settings
+
+    assert inspect.signature(calls.search).parameters["k"].default == (
+        SearchRequest.model_fields["k"].default
+    )
+    assert Settings(read_only=True).request_timeout_s < DEFAULT_TIMEOUT_S
+
+
 def test_reads_send_the_read_key_and_writes_the_write_key(flaky, client):
     flaky.expect(DELETED)
     client.delete("a/b c")

@@ -4,9 +4,11 @@ the train extra."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,23 @@ def test_every_api_name_is_its_modules_object():
     assert set(vitrieval._API) <= set(dir(vitrieval))
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         vitrieval.nonsense  # noqa: B018
+
+
+def test_the_type_checking_imports_match_the_table():
+    """What a type checker sees for each lazy name is what `__getattr__` loads."""
+    tree = ast.parse(Path(vitrieval.__file__).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    seen = {
+        alias.asname or alias.name: f"{node.module}:{alias.name}"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == vitrieval._API
 
 
 def run(code: str) -> subprocess.CompletedProcess:

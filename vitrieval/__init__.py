@@ -12,6 +12,7 @@ Runtime nor torch. The names of the Python API (docs/python.md) are loaded on fi
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +22,13 @@ from ._version import __version__
 # Run from a source checkout that was never installed (PYTHONPATH=checkout), the
 # subpackages are the checkout's top-level folders: an install maps them into this
 # package (setup.py), a bare checkout needs the folder above on the package's path.
+# An editable install's finder maps the folders already; only without one is the
+# checkout added (which also makes its other folders importable under vitrieval.).
 _checkout = Path(__file__).resolve().parent.parent
-if (_checkout / "setup.py").is_file() and all(
-    (_checkout / folder / "__init__.py").is_file() for folder in SUBPACKAGE_FOLDERS
+if (
+    (_checkout / "setup.py").is_file()
+    and all((_checkout / folder / "__init__.py").is_file() for folder in SUBPACKAGE_FOLDERS)
+    and importlib.util.find_spec(f"{__name__}.{SUBPACKAGE_FOLDERS[0]}") is None
 ):
     __path__.append(str(_checkout))
 
@@ -48,7 +53,10 @@ _API: dict[str, str] = {
     "fit": "vitrieval.training.trainer:fit",
     "export_run": "vitrieval.training.export:export_run",
 }
-_NEEDS_TRAIN = {"torch", "torchvision", "timm", "safetensors", "onnx", "onnxscript"}
+# the train extra's import names (pyproject.toml), for the message when one is missing
+_NEEDS_TRAIN = {
+    *("torch", "torchvision", "timm", "safetensors", "onnx", "onnxscript", "matplotlib", "skimage")
+}
 
 if TYPE_CHECKING:  # what a type checker and an IDE see for the lazily loaded names
     from vitrieval.index.evaluation.datasets import Item as Item

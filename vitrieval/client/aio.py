@@ -33,7 +33,7 @@ class AsyncClient(AsyncTransport, Methods):
                 continue
             try:
                 exchange.outcome = await self._http.request(**self.request_options(step))
-            except httpx.TransportError as exc:
+            except httpx.RequestError as exc:
                 exchange.outcome = exc
         return exchange.result
 

@@ -9,7 +9,7 @@ types and docstring are written once, here, for both.
 Bodies are JSON, images base64 (`image_base64`, `images_base64`): the server reads
 multipart forms too, but JSON carries every field (vectors, lists, nested filters)
 the same way. Base64 adds a third to an image's size, which the server's body limit
-(`max_body_bytes`, 20 MiB by default) counts.
+(the `max_body_bytes` setting, shown by `info()`) counts.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class Call(Generic[T]):
     write: bool = False
     idempotent: bool = True
     answer_statuses: frozenset[int] = field(default_factory=frozenset)
+    done_if_gone: Callable[[], T] | None = None
+    """A retried call's result when the repeat finds nothing (404): a DELETE whose
+    first attempt may have succeeded before its answer was lost."""
 
 
 def _model(model: type[M]) -> Callable[[httpx.Response], M]:
@@ -88,13 +91,14 @@ def search(
     filter: Filter | None = None,
     fusion: Literal["mean", "max"] | None = None,
     rerank: Rerank | None = None,
-    exclude_self: bool = True,
+    exclude_self: bool | None = None,
 ) -> Call[answers.SearchResponse]:
     """The `k` indexed items most similar to one query, best first: an image,
     several `images` searched as one query (`fusion`: "mean", the default, or
     "max"), an indexed item's `key` (the item itself left out unless `exclude_self`
-    is false) or a `vector`. `label` and `filter` narrow the hits; `rerank` re-ranks
-    them (alpha query expansion, or the index's DBA vectors)."""
+    is False) or a `vector`. `label` and `filter` narrow the hits; `rerank` re-ranks
+    them (alpha query expansion, or the index's DBA vectors). An option left None
+    takes the server's default."""
     body = _given(
         k=k,
         label=label,
@@ -105,9 +109,8 @@ def search(
         image_base64=image_base64(image) if image is not None else None,
         images_base64=[image_base64(i) for i in images] if images is not None else None,
         vector=vector_list(vector) if vector is not None else None,
+        exclude_self=exclude_self,
     )
-    if not exclude_self:
-        body["exclude_self"] = False
     return Call("POST", "/v1/search", _model(answers.SearchResponse), json=body)
 
 
@@ -165,21 +168,27 @@ def thumbnail(key: str, *, size: int | None = None) -> Call[bytes]:
 
 def delete(key: str) -> Call[answers.ItemDeleted]:
     """Delete an item (a `NotFoundError` if there is none). Needs the write key."""
-    return Call("DELETE", _item_path(key), _model(answers.ItemDeleted), write=True)
+    return Call(
+        "DELETE",
+        _item_path(key),
+        _model(answers.ItemDeleted),
+        write=True,
+        done_if_gone=lambda: answers.ItemDeleted(key=key, deleted=True),
+    )
 
 
 def evaluate(
     *,
     queries: Sequence[LabelledQuery] | None = None,
-    ks: Sequence[int] = (1, 2, 4, 8),
+    ks: Sequence[int] | None = None,
     filter: Filter | None = None,
 ) -> Call[answers.EvaluateResponse]:
     """Retrieval quality over the index's labelled items: Recall@K and
-    Precision@K for each of `ks`, mAP, MAP@R, R-Precision. Without `queries`
+    Precision@K for each of `ks` (None: the server's), mAP, MAP@R, R-Precision. Without `queries`
     (leave-one-out) every labelled item queries the others; with `queries`, each
     (label, image or vector) pair is ranked against the labelled items. `filter`:
     only the labelled items it allows take part."""
-    body: dict[str, Any] = {"mode": "leave-one-out", "ks": list(ks)}
+    body: dict[str, Any] = {"mode": "leave-one-out", **_given(ks=None if ks is None else list(ks))}
     if queries is not None:
         body["mode"] = "queries"
         body["queries"] = [_labelled_query(label, query) for label, query in queries]
@@ -190,6 +199,8 @@ def evaluate(
 
 def _labelled_query(label: str, query: ImageInput | VectorInput) -> dict[str, Any]:
     # a sequence of numbers or an array is a vector; anything else must be an image
+    if isinstance(query, bytes | bytearray | memoryview):  # a memoryview has .tolist() too
+        return {"label": label, "image_base64": image_base64(query)}
     if hasattr(query, "tolist") or isinstance(query, list | tuple):
         return {"label": label, "vector": vector_list(query)}
     return {"label": label, "image_base64": image_base64(query)}

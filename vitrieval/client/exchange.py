@@ -3,7 +3,7 @@ whether to try again and after how long (sans I/O: the clients send and sleep).
 
 Only an idempotent call is tried again (every call but an add without
 `replace=True`), and only when trying again can help: the connection failed or timed
-out, or the server answered 429, 502, 503 or 504. The wait is the server's
+out, or the server answered one of RETRY_STATUSES. The wait is the server's
 Retry-After when it gives one (a longer wait than `max_retry_after_s` is not waited
 for: the error is raised at once), else an exponential backoff with jitter.
 """
@@ -53,13 +53,13 @@ Step = Call[T] | float
 
 class Exchange(Generic[T]):
     """Iterate to drive one call: for a `Call`, send it and set `outcome` to the
-    httpx response or the httpx.TransportError it raised; for a float, sleep that
+    httpx response or the httpx.RequestError it raised; for a float, sleep that
     long. The iteration ends with `result` set, or raises the call's APIError."""
 
     def __init__(self, call: Call[T], policy: RetryPolicy) -> None:
         self.call = call
         self.policy = policy
-        self.outcome: httpx.Response | httpx.TransportError | None = None
+        self.outcome: httpx.Response | httpx.RequestError | None = None
         self.result: T
 
     def __iter__(self) -> Iterator[Step[T]]:
@@ -72,14 +72,18 @@ class Exchange(Generic[T]):
             failure = self._read(self.outcome)
             if failure is None:
                 return
+            if attempt and failure.status == 404 and self.call.done_if_gone is not None:
+                # an earlier attempt may have deleted it before its answer was lost
+                self.result = self.call.done_if_gone()
+                return
             wait = self._wait(failure, attempt)
             if wait is None or attempt == attempts - 1:
                 raise failure
             yield wait
 
-    def _read(self, outcome: httpx.Response | httpx.TransportError) -> APIError | None:
+    def _read(self, outcome: httpx.Response | httpx.RequestError) -> APIError | None:
         """None when the answer is the result (then set), else the error it is."""
-        if isinstance(outcome, httpx.TransportError):
+        if isinstance(outcome, httpx.RequestError):
             code = "timeout" if isinstance(outcome, httpx.TimeoutException) else "connection_failed"
             failure = ConnectionFailedError(0, code, f"{type(outcome).__name__}: {outcome}")
             failure.__cause__ = outcome

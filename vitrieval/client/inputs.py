@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,11 @@ class _SavesImages(Protocol):
 
     def getbands(self) -> tuple[str, ...]: ...
 
+    def convert(self, mode: str) -> Any: ...
+
+
+PNG_MODES = frozenset({"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"})
+"""The PIL modes a PNG holds as they are; other images are converted to RGB(A)."""
 
 ImageInput: TypeAlias = str | os.PathLike[str] | bytes | bytearray | memoryview | IO[bytes] | Any
 """A path, bytes, a binary file object or a PIL image."""
@@ -39,6 +45,8 @@ def image_bytes(image: ImageInput) -> bytes:
     if isinstance(image, bytes | bytearray | memoryview):
         return bytes(image)
     if isinstance(image, _SavesImages):
+        if getattr(image, "mode", "RGB") not in PNG_MODES:  # CMYK, YCbCr, LAB, HSV, F
+            image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         return buffer.getvalue()
@@ -68,4 +76,7 @@ def vector_list(vector: VectorInput) -> list[float]:
         if len(values) != 1:
             raise ValueError(f"a vector is one row, not an array of {len(values)} rows")
         values = values[0]
-    return [float(value) for value in values]
+    floats = [float(value) for value in values]
+    if not all(math.isfinite(value) for value in floats):
+        raise ValueError("a vector's values must be finite numbers (no NaN or infinity)")
+    return floats

@@ -26,8 +26,9 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 60.0
-"""Longer than the server's own request limit (30 s by default), so that a slow call
-ends with the server's 503 `timeout`, which says what happened, not a client timeout."""
+"""Longer than the server's own request limit (its `request_timeout_s` setting;
+tests/test_client_retries.py holds the two apart), so that a slow call ends with the
+server's 503 `timeout`, which says what happened, not a client timeout."""
 
 
 class Transport:

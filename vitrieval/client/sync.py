@@ -38,10 +38,10 @@ class Client(SyncTransport, Methods):
                 time.sleep(step)
         return exchange.result
 
-    def _attempt(self, call: Call[T]) -> httpx.Response | httpx.TransportError:
+    def _attempt(self, call: Call[T]) -> httpx.Response | httpx.RequestError:
         try:
             return self._http.request(**self.request_options(call))
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:
             return exc
 
     def close(self) -> None:
