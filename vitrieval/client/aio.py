@@ -10,12 +10,12 @@ import httpx
 
 from .calls import Call
 from .exchange import Exchange
-from .methods import AsyncTransport, Methods
+from .methods import AsyncClientBase, Methods
 
 T = TypeVar("T")
 
 
-class AsyncClient(AsyncTransport, Methods):
+class AsyncClient(AsyncClientBase, Methods):
     """`Client`'s methods as coroutines, for asyncio (or trio) programs: one client
     serves many calls at once (`asyncio.gather`) over its connection pool. The
     arguments are `Client`'s; `transport` is an `httpx.AsyncBaseTransport`.

@@ -44,6 +44,7 @@ class RetryPolicy:
             raise ValueError(f"retries must be 0 or more, not {self.retries}")
 
     def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (0-based)."""
         return min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
 
 

@@ -1,8 +1,8 @@
 """The client's methods, defined once for `Client` and `AsyncClient`.
 
 Each method is a function of `vitrieval.client.calls` (its parameters, types and
-docstring) turned into a method by `method()`: on a `SyncTransport` it sends the call
-and returns the answer, on an `AsyncTransport` it is a coroutine that does. The two
+docstring) turned into a method by `method()`: on a `SyncClientBase` it sends the call
+and returns the answer, on an `AsyncClientBase` it is a coroutine that does. The two
 clients differ only in how they send (vitrieval.client.sync, vitrieval.client.aio).
 """
 
@@ -31,7 +31,7 @@ tests/test_client_retries.py holds the two apart), so that a slow call ends with
 server's 503 `timeout`, which says what happened, not a client timeout."""
 
 
-class Transport:
+class ClientBase:
     """What both clients hold and how they are made: the keys, the retry policy and
     the httpx client (`Client`'s docstring describes the arguments)."""
 
@@ -77,12 +77,16 @@ class Transport:
         }
 
 
-class SyncTransport(Transport):
+class SyncClientBase(ClientBase):
+    """A client whose methods block: `Client` (vitrieval.client.sync) sends."""
+
     def _send(self, call: Call[T]) -> T:
         raise NotImplementedError
 
 
-class AsyncTransport(Transport):
+class AsyncClientBase(ClientBase):
+    """A client whose methods are coroutines: `AsyncClient` (vitrieval.client.aio)."""
+
     async def _send(self, call: Call[T]) -> T:
         raise NotImplementedError
 
@@ -100,7 +104,7 @@ class _Method(Generic[P, T]):
             answer = answer[len("Call[") : -1]
         self.__signature__ = signature.replace(return_annotation=answer)
 
-    def __call__(self, client: Transport, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, client: ClientBase, /, *args: Any, **kwargs: Any) -> Any:
         """`Client.search(client, ...)`: the method called through the class."""
         return self.__get__(client)(*args, **kwargs)
 
@@ -114,23 +118,23 @@ class _Method(Generic[P, T]):
 
     @overload
     def __get__(
-        self, obj: AsyncTransport, owner: type | None = None
+        self, obj: AsyncClientBase, owner: type | None = None
     ) -> Callable[P, Coroutine[Any, Any, T]]: ...
 
     @overload
-    def __get__(self, obj: SyncTransport, owner: type | None = None) -> Callable[P, T]: ...
+    def __get__(self, obj: SyncClientBase, owner: type | None = None) -> Callable[P, T]: ...
 
-    def __get__(self, obj: Transport | None, owner: type | None = None) -> Any:
+    def __get__(self, obj: ClientBase | None, owner: type | None = None) -> Any:
         if obj is None:
             return self
         build = self.build
-        if isinstance(obj, AsyncTransport):
+        if isinstance(obj, AsyncClientBase):
 
             async def send_async(*args: P.args, **kwargs: P.kwargs) -> T:
                 return await obj._send(build(*args, **kwargs))
 
             return self._bound(send_async)
-        if not isinstance(obj, SyncTransport):
+        if not isinstance(obj, SyncClientBase):
             raise TypeError(f"{type(obj).__name__} is not a client")
 
         def send(*args: P.args, **kwargs: P.kwargs) -> T:

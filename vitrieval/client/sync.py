@@ -10,12 +10,12 @@ import httpx
 
 from .calls import Call
 from .exchange import Exchange
-from .methods import Methods, SyncTransport
+from .methods import Methods, SyncClientBase
 
 T = TypeVar("T")
 
 
-class Client(SyncTransport, Methods):
+class Client(SyncClientBase, Methods):
     """A client of a vitrieval server at `base_url` (e.g. `http://127.0.0.1:8000`).
 
     `api_key`: the write key, sent with adds and deletes, and with reads when no
