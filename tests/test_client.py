@@ -278,6 +278,34 @@ def test_async_client_covers_the_routes(server, item, gallery):
     asyncio.run(run())
 
 
+def test_async_client_raises_every_error_class(server, limited, item):
+    """The error statuses through AsyncClient, each as its exception with the server's
+    code (the sync client's are above)."""
+    key, path, _ = item
+
+    async def expect(cls: type[APIError], code: str | None, call) -> None:
+        with pytest.raises(cls) as raised:
+            await call
+        assert type(raised.value) is cls and (code is None or raised.value.code == code)
+
+    async def run() -> None:
+        async with AsyncClient(server.url, api_key=KEY) as client:
+            await expect(ConflictError, "key_exists", client.add(key, image=path))
+            await expect(NotFoundError, "unknown_key", client.get("no/such/key"))
+            await expect(UnsupportedMediaTypeError, None, client.embed(b"not an image at all"))
+            await expect(InvalidRequestError, "invalid_request", client.search(k=3))
+        async with AsyncClient(server.url) as anonymous:
+            await expect(AuthenticationError, "unauthorized", anonymous.delete(key))
+        async with AsyncClient(limited.url, api_key=KEY, retries=0) as client:
+            await expect(PermissionDeniedError, "read_only", client.delete(key))
+            big = client.search(vector=[0.5] * 1000)
+            await expect(PayloadTooLargeError, "request_too_large", big)
+            with slot_held(limited.url):
+                await expect(ServiceUnavailableError, "overloaded", client.get(key))
+
+    asyncio.run(run())
+
+
 def test_concurrent_async_searches_equal_the_sync_ones(client, server, gallery):
     queries = [Path(g.path) for g in gallery[:20]]
     expected = [client.search(image=q, k=5, filter=ODD) for q in queries]
