@@ -18,7 +18,7 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import FastAPI
 
 from . import __version__
-from .errors import document_error_body, install_error_handlers
+from .errors import install_error_handlers
 from .maintenance import checkpoint_loop, final_save, scrub_loop
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
@@ -92,7 +92,6 @@ def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -
     app.state.settings = settings
     app.state.metrics = metrics
     install_error_handlers(app)
-    document_error_body(app)
     finish_openapi(app)
     routers = (search, items, evaluate, health, web, docs)
     for router in (module.router for module in routers):

@@ -173,27 +173,17 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody} for status in statuses}
 
 
-def document_error_body(app: FastAPI) -> None:
-    """Make the OpenAPI schema tell the truth about validation errors: FastAPI documents
-    every 422 as its own HTTPValidationError, but `install_error_handlers` answers them
-    with ErrorBody like every other error."""
-    default_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = default_openapi()
-        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-        schemas.pop("HTTPValidationError", None)
-        schemas.pop("ValidationError", None)
-        schemas["ErrorBody"] = ErrorBody.model_json_schema()
-        ref = {"$ref": "#/components/schemas/ErrorBody"}
-        for operations in schema.get("paths", {}).values():
-            for operation in operations.values():
-                response = operation.get("responses", {}).get("422")
-                if response is not None:
-                    response["content"] = {"application/json": {"schema": ref}}
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+def document_error_body(document: dict[str, Any]) -> None:
+    """Make the OpenAPI `document` tell the truth about validation errors, in place:
+    FastAPI documents every 422 as its own HTTPValidationError, but
+    `install_error_handlers` answers them with ErrorBody like every other error."""
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["ErrorBody"] = ErrorBody.model_json_schema()
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            response = operation.get("responses", {}).get("422")
+            if response is not None:
+                response["content"] = {"application/json": {"schema": ref}}

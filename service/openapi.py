@@ -1,6 +1,8 @@
 """The OpenAPI document finished for client generators (openapi-python-client and the
-like), after FastAPI has made it.
+like), after FastAPI has made it: the one hook on `app.openapi`.
 
+- Validation errors are documented as the ErrorBody they are
+  (`errors.document_error_body`).
 - The request bodies, which routes read themselves (service/inputs.py) rather than
   through FastAPI, become named components: each operation carries its model's schema
   under `inputs.COMPONENTS`, moved here under components/schemas.
@@ -17,18 +19,20 @@ from typing import Any
 from fastapi import FastAPI
 
 from .deps import KEY_SCHEME, OPTIONAL_KEY_SCHEME
+from .errors import document_error_body
 from .inputs import COMPONENTS
 
 
 def finish_openapi(app: FastAPI) -> None:
-    """Wrap `app.openapi` (FastAPI's, or a hook already applied) to finish its document
-    once; later calls answer the cached document."""
+    """Wrap FastAPI's `app.openapi` to finish its document once; later calls answer the
+    cached document."""
     made = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         document = made()
+        document_error_body(document)
         finish(document)
         app.openapi_schema = document
         return document
@@ -37,7 +41,8 @@ def finish_openapi(app: FastAPI) -> None:
 
 
 def finish(document: dict[str, Any]) -> None:
-    """Finish FastAPI's `document` in place (see the module's docstring)."""
+    """Finish FastAPI's `document` in place: its request bodies and key schemes (see
+    the module's docstring)."""
     components = document.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     for operations in document.get("paths", {}).values():
