@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 import tomllib
 from pathlib import Path
@@ -74,8 +75,10 @@ def test_ctrl_c_in_the_first_half_second_prints_no_traceback(program: str) -> No
 def before_the_guard(err: str, script: Path) -> bool:
     """Whether a Ctrl-C landed before index/cli/launch.py's guard could exist: in the
     interpreter's own start-up (its site module), or in the script's one import line
-    (`from vitrieval.index.cli.launch import ...`), whose frames are the script's and importlib's
-    alone. A signal in any command module's import is the guard's to answer."""
+    (`from vitrieval.index.cli.launch import ...`), whose frames are the script's, the
+    package's own initialisation (`vitrieval/__init__.py` and what it imports from the
+    standard library) and importlib's. A signal in any command module's import is the
+    guard's to answer."""
     if err.startswith("Fatal Python error: init_import_site"):
         return True
     if err.startswith("Error processing line ") and ".pth:" in err.splitlines()[0]:
@@ -84,6 +87,49 @@ def before_the_guard(err: str, script: Path) -> bool:
     return bool(files) and all(
         f == str(script)
         or f.startswith("<frozen ")
-        or f.endswith(("index/__init__.py", "index/cli/__init__.py", "index/cli/launch.py"))
+        or f in PACKAGE_START
+        or in_the_standard_library(f)
         for f in files
     )
+
+
+# what runs before the guard: the package's initialisation and the launcher's own package
+PACKAGE_START = {
+    str(REPO / path)
+    for path in (
+        "vitrieval/__init__.py",
+        "vitrieval/_folders.py",
+        "vitrieval/_version.py",
+        "index/__init__.py",
+        "index/cli/__init__.py",
+        "index/cli/launch.py",
+    )
+}
+
+
+def in_the_standard_library(path: str) -> bool:
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    resolved = Path(path).resolve()
+    return resolved.is_relative_to(stdlib) and "site-packages" not in resolved.parts
+
+
+def test_a_signal_in_a_command_module_is_not_before_the_guard() -> None:
+    script = SCRIPTS / "vitrieval-index"
+    inside_numpy = (
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line 8, in <module>\n'
+        f'  File "{REPO / "index/cli/launch.py"}", line 25, in run_command\n'
+        f'  File "{REPO / "index/cli/__init__.py"}", line 3, in <module>\n'
+        f'  File "{REPO / "index/cli/commands.py"}", line 5, in <module>\n'
+        f'  File "{Path(sysconfig.get_paths()["purelib"]) / "numpy/__init__.py"}", line 1\n'
+        "KeyboardInterrupt\n"
+    )
+    assert not before_the_guard(inside_numpy, script)
+    in_the_package_start = (
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line 3, in <module>\n'
+        f'  File "{REPO / "vitrieval/__init__.py"}", line 17, in <module>\n'
+        f'  File "{Path(sysconfig.get_paths()["stdlib"]) / "os.py"}", line 1\n'
+        "KeyboardInterrupt\n"
+    )
+    assert before_the_guard(in_the_package_start, script)

@@ -12,25 +12,24 @@ Runtime nor torch. The names of the Python API (docs/python.md) are loaded on fi
 from __future__ import annotations
 
 import importlib
-import importlib.util
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import os
 
 from ._folders import SUBPACKAGE_FOLDERS
 from ._version import __version__
 
-# Run from a source checkout that was never installed (PYTHONPATH=checkout), the
-# subpackages are the checkout's top-level folders: an install maps them into this
-# package (setup.py), a bare checkout needs the folder above on the package's path.
-# An editable install's finder maps the folders already; only without one is the
-# checkout added (which also makes its other folders importable under vitrieval.).
-_checkout = Path(__file__).resolve().parent.parent
-if (
-    (_checkout / "setup.py").is_file()
-    and all((_checkout / folder / "__init__.py").is_file() for folder in SUBPACKAGE_FOLDERS)
-    and importlib.util.find_spec(f"{__name__}.{SUBPACKAGE_FOLDERS[0]}") is None
+# This module runs before any console script can guard against an early Ctrl-C
+# (index/cli/launch.py), so it imports as little as it can: no typing, no pathlib.
+TYPE_CHECKING = False
+
+# In a source checkout the subpackages are the checkout's top-level folders: an install
+# maps them into this package (setup.py), and a checkout run with PYTHONPATH=checkout,
+# or installed editable, finds them through the folder above the package. The folder is
+# added only when it is a checkout of this project, never for an installed wheel.
+_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isfile(os.path.join(_checkout, "setup.py")) and all(
+    os.path.isfile(os.path.join(_checkout, folder, "__init__.py")) for folder in SUBPACKAGE_FOLDERS
 ):
-    __path__.append(str(_checkout))
+    __path__.append(_checkout)
 
 # The Python API (docs/python.md): name -> "module:attribute" that defines it, imported
 # when the name is first used.
@@ -78,7 +77,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see for the lazily loaded na
 __all__ = ["__version__", *_API]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     target = _API.get(name)
     if target is None:
         raise AttributeError(f"module 'vitrieval' has no attribute {name!r}")
