@@ -248,10 +248,10 @@ class ShardedStore:
                 for shard, positions in split_by_shard(unique, len(self.shards)).items()
             )
 
-    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
-        """`IndexStore.set_search_params` on every shard."""
+    def set_search_params(self, **params: int | None) -> None:
+        """`IndexStore.set_search_params` (nprobe, ef_search, oversample) on every shard."""
         for shard in self.shards:
-            shard.set_search_params(nprobe=nprobe, ef_search=ef_search)
+            shard.set_search_params(**params)
 
     def search_params(self) -> dict[str, int]:
         return self.shards[0].search_params()

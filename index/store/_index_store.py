@@ -38,7 +38,7 @@ from ._state import StoreState
 from ._vectors import VectorIndex, new_faiss_index
 from .errors import KeyExistsError, StoreError
 from .filters import Filter
-from .request import Query, Ranked
+from .request import Query, Ranked, checked_oversample
 from .validation import as_matrix, check_ids, checked_items
 
 logger = logging.getLogger(__name__)
@@ -342,12 +342,29 @@ class IndexStore:
         self.save()
         self.merge(everything=True)
 
-    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    def set_search_params(
+        self,
+        *,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        oversample: int | None = None,
+    ) -> None:
         """Speed/recall knobs saved with the index: IVF `nprobe` (lists probed per query,
-        default max(8, nlist/16); nprobe = nlist is exact) and HNSW `ef_search` (default
-        64). Setting one the index does not have is a StoreError."""
+        default max(8, nlist/16); nprobe = nlist is exact), HNSW `ef_search` (default
+        64) and `oversample` (candidates per k a compressed segment re-scores, 1 to
+        MAX_OVERSAMPLE; default DEFAULT_OVERSAMPLE, request.py). Setting one the index
+        does not have is a StoreError."""
         state = self._state
         with state.lock:
+            if oversample is not None:
+                checked = checked_oversample(oversample)
+                if VectorIndex(state.template, "cpu").scores_exact:
+                    raise StoreError(
+                        f"oversample does not apply to a {self.factory} index: its scores "
+                        "are exact already (it re-scores nothing)"
+                    )
+                state.oversample = checked
+                state.changed(params=True)
             for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
                 if value is None:
                     continue
@@ -359,7 +376,8 @@ class IndexStore:
                 state.changed(params=True)
 
     def search_params(self) -> dict[str, int]:
-        """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch)."""
+        """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch; a
+        compressed index: the oversampling it re-scores with)."""
         return self._state.search_params()
 
     # -- search ------------------------------------------------------------------------

@@ -20,10 +20,10 @@ from ._field_index import FieldSelection, check_field_paths
 from ._journal import JOURNAL_FILE, JOURNAL_LOCK_FILE, Journal, JournalOwner
 from ._journal_repair import row_problem, unappliable_row
 from ._leases import Lease
-from ._persist import TUNABLE_PARAMS, committed_files
+from ._persist import committed_files
 from ._sealed_segment import SealedSegment
 from ._state import StoreState
-from ._vectors import VectorIndex, check_gpu_mode, new_faiss_index, start_template
+from ._vectors import FAISS_PARAMS, VectorIndex, check_gpu_mode, new_faiss_index, start_template
 from .errors import FolderNotEmptyError, StoreError
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
         lease=lease,  # held while the state reads these files: a writer keeps them
     )
     for name, value in manifest.search_params.items():
-        if name not in TUNABLE_PARAMS:
+        if name not in FAISS_PARAMS:
             continue
         VectorIndex(template, "cpu").set_parameter(name, value)
         for segment in sealed:

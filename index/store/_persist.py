@@ -32,9 +32,8 @@ from ._memory_segment import MemorySegment
 from ._merge_policy import pick_merge
 from ._sealed_segment import SealedSegment, write_segment, write_tombstones
 from ._state import StoreState
+from ._vectors import FAISS_PARAMS, OVERSAMPLE
 from .errors import StoreError
-
-TUNABLE_PARAMS = ("nprobe", "efSearch")
 
 logger = logging.getLogger(__name__)
 
@@ -170,11 +169,21 @@ def _open_sealed(state: StoreState, entry: mf.SegmentEntry, late: set[int]) -> S
     its rows were snapshotted (pending tombstones, written by the next save)."""
     segment = SealedSegment(state.directory, entry, state.dim, state.gpu, state.factory)
     for name, value in state.search_params().items():
-        if name in TUNABLE_PARAMS:
+        if name in FAISS_PARAMS:
             segment.vectors.set_parameter(name, value)
     if late:
         segment.retire(np.fromiter(late, dtype=np.int64))
     return segment
+
+
+def saved_search_params(state: StoreState) -> dict[str, int]:
+    """The search settings a commit records: FAISS's nprobe / efSearch, and the
+    oversampling when one was set (the default is not written, so that it follows
+    the release that opens the index)."""
+    params = {k: v for k, v in state.search_params().items() if k in FAISS_PARAMS}
+    if state.oversample is not None:
+        params[OVERSAMPLE] = state.oversample
+    return params
 
 
 def _commit(
@@ -199,7 +208,7 @@ def _commit(
         segments=entries,
         quantizer=quantizer,
         next_id=state.next_id,
-        search_params={k: v for k, v in state.search_params().items() if k in TUNABLE_PARAMS},
+        search_params=saved_search_params(state),
         filter_fields=state.filter_fields.paths_tuple(),
         format_version=mf.FORMAT_VERSION,
         dba=state.dba,

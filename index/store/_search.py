@@ -1,7 +1,8 @@
 """The store's reads across segments: search (fan out, filter, merge the per-segment
 top k) and the labelled items an evaluation ranks.
 
-Every segment answers its own top k for the queries; the lists are merged by
+Every segment answers its own top k for the queries (a compressed one re-scores its
+codes' top oversample x k by the exact vectors first: _rescore.py); the lists are merged by
 descending score, ties by ascending item id (insertion order), exactly as one index
 holding every item would rank them. A filter (filters.py) is evaluated per segment
 and searched as _filter_plans.py plans it (exactly over a small allowed subset, else by
@@ -17,11 +18,12 @@ import numpy as np
 
 from . import _filter_plans as filtering
 from ._memory_segment import hit
+from ._rescore import rescored
 from ._state import StoreState
 from ._vectors import exact_top_k
 from .errors import StoreError
 from .filters import Filter, parse_filter
-from .request import Query, Ranked
+from .request import DEFAULT_OVERSAMPLE, Query, Ranked
 from .segment_contract import Segment
 from .validation import as_matrix
 
@@ -47,6 +49,7 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
     if augmented:
         return _augmented_search(state, q, int(k), flt, exclude_keys)
     merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
+    oversample = query.oversample or state.oversample or DEFAULT_OVERSAMPLE
     with state.lock:
         excluded = state.locate(list(exclude_keys)) if exclude_keys else []
         for segment in state.serving():
@@ -54,7 +57,12 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
                 continue
             blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
             blocked_ids = np.asarray(sorted(blocked), np.int64)
-            pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids)
+            if query.rescore and not segment.vectors.scores_exact:
+                # the codes' top oversample x k, ranked again by the exact vectors
+                wide = _segment_top_k(segment, q, int(k) * oversample, flt, blocked_ids)
+                pairs = rescored(segment, q, wide, int(k))
+            else:
+                pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids)
             for row, found in zip(merged, pairs, strict=True):
                 row.extend((score, item, segment) for item, score in found)
         results = []

@@ -34,8 +34,9 @@ from ._leases import Lease
 from ._memory_segment import MemorySegment
 from ._merge_policy import pick_merge
 from ._sealed_segment import SealedSegment
-from ._vectors import VectorIndex, new_faiss_index
+from ._vectors import OVERSAMPLE, VectorIndex, new_faiss_index
 from .errors import DamagedIndexError
+from .request import DEFAULT_OVERSAMPLE
 from .segment_contract import Segment
 
 
@@ -65,6 +66,9 @@ class StoreState:
         self.gpu = gpu
         self.dba = dba  # (neighbours, alpha) commits compute DBA vectors with (_dba.py)
         self.dba_index = dba_index  # the committed derived DBA index, when there is one
+        # candidates per k a compressed segment re-scores, when set (request.py's default
+        # otherwise); saved with the FAISS search settings in the manifest
+        self.oversample: int | None = committed.search_params.get(OVERSAMPLE) if committed else None
         # the metadata paths new segments index for filters (_field_index.py)
         self.filter_fields = filter_fields or FieldSelection(None)
         self._template = template  # empty (trained) index new segments start from
@@ -269,8 +273,13 @@ class StoreState:
         return sum(s.live_count for s in self.segments())
 
     def search_params(self) -> dict[str, int]:
-        """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch)."""
-        return VectorIndex(self._template, "cpu").search_settings()
+        """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch), and
+        the oversampling its compressed segments re-score with (set or default)."""
+        template = VectorIndex(self._template, "cpu")
+        settings = template.search_settings()
+        if not template.scores_exact:
+            settings[OVERSAMPLE] = self.oversample or DEFAULT_OVERSAMPLE
+        return settings
 
     def healthy_sealed(self) -> list[SealedSegment]:
         """The sealed segments in service."""

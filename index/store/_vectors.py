@@ -39,6 +39,8 @@ GPU_MAX_K = 2048  # FAISS GPU indexes reject larger k; such searches run on the 
 DEFAULT_EF_SEARCH = 64  # faiss's default 16 gives poor recall@10; 64 costs ~4x a probe of 16
 MAX_FILTERED_EF_SEARCH = 4096  # the widest a filtered HNSW search explores
 Selector = faiss.IDSelector
+FAISS_PARAMS = ("nprobe", "efSearch")  # the search settings FAISS itself keeps
+OVERSAMPLE = "oversample"  # the store's own search setting (re-scoring, _rescore.py)
 
 
 def suggest_factory(n: int, dim: int) -> str:
@@ -201,6 +203,16 @@ class VectorIndex:
     def exact(self) -> bool:
         """Whether a search here is exhaustive and exact (a flat float32 index)."""
         return isinstance(core_index(self.cpu), faiss.IndexFlat)
+
+    @property
+    def scores_exact(self) -> bool:
+        """Whether its scores are the float32 inner products (Flat, IVF-Flat, HNSW over
+        flat storage); an index that scores from codes (PQ, SQ, a transform) does not,
+        and its candidates are worth re-scoring (_rescore.py)."""
+        core = core_index(self.cpu)
+        if isinstance(core, faiss.IndexHNSW):
+            return isinstance(faiss.downcast_index(core.storage), faiss.IndexFlat)
+        return isinstance(core, faiss.IndexFlat | faiss.IndexIVFFlat)
 
     @property
     def removable(self) -> bool:

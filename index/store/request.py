@@ -4,7 +4,8 @@
 Every index (`IndexStore`, `ShardedStore`, the Ray `RemoteIndex`; the contract is
 index/contract.py) takes a search as a `Query`, so a search parameter is declared
 and checked here once: k, the label, the parsed filter, the keys left out, the DBA
-flag. A later parameter is a new field here, not a new argument in every
+flag, and how compressed segments re-score (`rescore`, `oversample`, _rescore.py). A
+later parameter is a new field here, not a new argument in every
 implementation. The filter is parsed when the `Where` is made (from decoded JSON, or
 given parsed) and travels parsed: to the store, to every shard, and pickled as it is
 to a shard replica on a Ray cluster (its frozen dataclasses keep `True`, `1`, `1.0`
@@ -24,6 +25,14 @@ from ._filter_plans import with_label
 from ._items import Hit
 from .errors import StoreError
 from .filters import Filter, parse_filter
+
+DEFAULT_OVERSAMPLE = 4
+"""Candidates a compressed segment re-scores per query, as a multiple of k, when the
+index has no tuned value (`vitrieval-index tune`); chosen from bench/compressed_search.py
+(docs/benchmarks.md)."""
+MAX_OVERSAMPLE = 64
+"""The most a query may oversample: 64 x k candidates per segment; past that an IVF
+search's own nprobe, not the candidate count, limits recall."""
 
 Ranked = list[list[tuple[int, Hit]]]
 """Per query, its hits best first, each with its item id (what orders equal scores)."""
@@ -60,34 +69,61 @@ class Where:
 class Query:
     """`vectors` float32 (q, d), each row searched for its top `k` among the items
     `where` allows. k is checked here (StoreError); the vectors' shape against the
-    index's dimension by the index that runs it."""
+    index's dimension by the index that runs it.
+
+    `rescore`: whether a segment whose index scores from compressed codes (PQ, SQ, ...)
+    ranks its candidates again by their exact stored vectors (_rescore.py); Flat,
+    IVF-Flat and HNSW-Flat segments score exactly and ignore it. `oversample`: how many
+    candidates it takes from its codes, as a multiple of k (1 to MAX_OVERSAMPLE; None:
+    the index's own setting, else DEFAULT_OVERSAMPLE)."""
 
     vectors: np.ndarray
     k: int
     where: Where = Where()
+    rescore: bool = True
+    oversample: int | None = None
 
     def __post_init__(self) -> None:
         k = self.k
         if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
             raise StoreError(f"k must be an integer >= 1, got {k!r}")
         object.__setattr__(self, "k", int(k))
+        if not isinstance(self.rescore, bool | np.bool_):
+            raise StoreError(f"rescore must be true or false, got {self.rescore!r}")
+        object.__setattr__(self, "rescore", bool(self.rescore))
+        if self.oversample is not None:
+            object.__setattr__(self, "oversample", checked_oversample(self.oversample))
 
     @classmethod
     def of(cls, query: Query | np.ndarray, k: int | None = None, **where: Any) -> Query:
-        """`query` itself, or a Query of vectors, k and `Where`'s keyword arguments: the
-        form `ranked_search(queries, k, label=..., filter=...)` callers use."""
+        """`query` itself, or a Query of vectors, k, `rescore`, `oversample` and
+        `Where`'s keyword arguments: the form `ranked_search(queries, k, label=...,
+        filter=...)` callers use."""
         if isinstance(query, Query):
             if k is not None or where:
                 raise TypeError("give a Query alone, or vectors, k and where's arguments")
             return query
         if k is None:
             raise TypeError("a search of vectors needs k")
-        return cls(query, k, Where(**where))
+        scoring = {name: where.pop(name) for name in ("rescore", "oversample") if name in where}
+        return cls(query, k, Where(**where), **scoring)
 
     def replace(self, **changes: Any) -> Query:
-        """A copy with `changes` (vectors, k or where), checked as a new one is."""
+        """A copy with `changes` (vectors, k, where, rescore or oversample), checked as a
+        new one is."""
         return dataclasses.replace(self, **changes)
 
     def excluding(self, keys: Sequence[str]) -> Query:
         """A copy whose left-out keys are `keys` (a shard's part of them)."""
         return self.replace(where=dataclasses.replace(self.where, exclude_keys=keys))
+
+
+def checked_oversample(value: Any) -> int:
+    """`value` as an oversampling factor: an integer from 1 to MAX_OVERSAMPLE."""
+    if (
+        not isinstance(value, int | np.integer)
+        or isinstance(value, bool)
+        or not 1 <= value <= MAX_OVERSAMPLE
+    ):
+        raise StoreError(f"oversample must be an integer from 1 to {MAX_OVERSAMPLE}, got {value!r}")
+    return int(value)
