@@ -123,6 +123,17 @@ def test_the_key_to_shard_rule_is_stable():
     assert counts.min() > 900  # an even spread
 
 
+def test_a_compressed_sharded_index_re_scores_as_one_exact_store(tmp_path, tied):
+    # every list probed and 64 x k candidates per shard: re-scoring sees every item
+    build_sharded(tied["emb"], tmp_path / "sharded", "", "IVF4,PQ8", 3, 100, in_process)
+    sharded = open_index(tmp_path / "sharded")
+    sharded.set_search_params(nprobe=4)
+    queries = tied["x"][::80]
+    one = unsharded(tied["emb"], tmp_path / "one")
+    same_hits(sharded.search(queries, 5, oversample=64), one.search(queries, 5))
+    assert sharded.search(queries, 5, rescore=False) != one.search(queries, 5)
+
+
 def test_a_flat_sharded_index_answers_as_one_store(tmp_path, tied):
     x, keys = tied["x"], tied["keys"]
     one = unsharded(tied["emb"], tmp_path / "one")

@@ -1,0 +1,134 @@
+"""Re-scoring compressed segments (index/store/_rescore.py): the codes' top oversample x k
+candidates ranked again by the exact stored vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from store_helpers import as_pairs, brute_force, build, exact_vectors, with_duplicates
+
+from vitrieval.index.store import IndexStore, StoreError
+from vitrieval.index.store._vectors import exact_top_k
+from vitrieval.index.store.request import DEFAULT_OVERSAMPLE, MAX_OVERSAMPLE, Query
+
+K = 5
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(29)
+    x = with_duplicates(exact_vectors(rng, 1500, 32), copies=3, originals=20)
+    q = np.concatenate([x[:5], exact_vectors(rng, 15, 32)])  # some queries tie on copies
+    return x, q
+
+
+def pq_store(tmp_path, x: np.ndarray, factory: str = "IVF8,PQ8", **kwargs) -> IndexStore:
+    store = build(tmp_path / "pq", x, factory, **kwargs)
+    store.save()
+    return store
+
+
+def test_rescored_hits_are_the_exact_top_k_of_the_codes_candidates(tmp_path, data) -> None:
+    x, q = data
+    store = pq_store(tmp_path, x)
+    for oversample in (1, 3, 8):
+        # one segment: its codes' top oversample x k is what the plain search returns
+        codes = as_pairs(store.search(q, K * oversample, rescore=False))
+        got = as_pairs(store.search(q, K, oversample=oversample))
+        for query, candidates, hits in zip(q, codes, got, strict=True):
+            ids = np.asarray(sorted(i for i, _ in candidates), np.int64)
+            expected = exact_top_k(query[None, :], ids, x[ids], K)[0]
+            assert hits == expected  # same items, order, scores (the Flat kernel's)
+
+
+def test_rescored_scores_are_exact_and_codes_scores_are_not(tmp_path, data) -> None:
+    x, q = data
+    store = pq_store(tmp_path, x)
+    exact = q.astype(np.float64) @ x.astype(np.float64).T
+    rescored = as_pairs(store.search(q, K))
+    plain = as_pairs(store.search(q, K, rescore=False))
+    assert all(abs(s - exact[r, i]) < 1e-6 for r, row in enumerate(rescored) for i, s in row)
+    assert any(abs(s - exact[r, i]) > 1e-3 for r, row in enumerate(plain) for i, s in row)
+
+
+def test_a_large_enough_oversample_equals_flat(tmp_path, data) -> None:
+    x, q = data
+    store = pq_store(tmp_path, x)
+    store.set_search_params(nprobe=8)  # every list: the codes' candidates cover everything
+    got = as_pairs(store.search(q, K, oversample=MAX_OVERSAMPLE))
+    flat = build(tmp_path / "flat", x)
+    assert got == as_pairs(flat.search(q, K))
+    truth = brute_force(q, x, K)
+    assert [[i for i, _ in row] for row in got] == [[i for i, _ in row] for row in truth]
+
+
+def test_equal_scores_come_by_ascending_item_id(tmp_path, data) -> None:
+    x, q = data
+    store = pq_store(tmp_path, x)
+    store.set_search_params(nprobe=8)
+    for row in as_pairs(store.search(q[:5], 4, oversample=16)):  # each query has 3 copies
+        assert [s for _, s in row[:4]] == [row[0][1]] * 4
+        assert [i for i, _ in row] == sorted(i for i, _ in row)
+
+
+def test_filters_tombstones_and_unsaved_adds_are_re_scored_too(tmp_path, data) -> None:
+    x, q = data
+    store = pq_store(tmp_path, x[:1000], labels=[f"l{i % 3}" for i in range(1000)])
+    store.add([str(i) for i in range(1000, len(x))], x[1000:])  # a growing segment
+    store.remove([str(i) for i in range(0, 1000, 7)])
+    store.set_search_params(nprobe=8)
+    labels = np.asarray([f"l{i % 3}" if i < 1000 else "" for i in range(len(x))])
+    allowed = (labels == "l1") & (np.arange(len(x)) % 7 != 0)
+    got = as_pairs(store.search(q, K, label="l1", oversample=MAX_OVERSAMPLE))
+    assert got == brute_force(q, x, K, allowed=allowed)
+    live = np.arange(len(x)) % 7 != 0
+    live[1000:] = True
+    got = as_pairs(store.search(q, K, oversample=MAX_OVERSAMPLE))
+    assert [[i for i, _ in r] for r in got] == [
+        [i for i, _ in r] for r in brute_force(q, x, K, allowed=live)
+    ]
+
+
+def test_the_saved_oversample_is_the_default_and_survives_reopening(tmp_path, data) -> None:
+    x, q = data
+    store = pq_store(tmp_path, x)
+    assert store.search_params()["oversample"] == DEFAULT_OVERSAMPLE
+    store.set_search_params(oversample=12)
+    store.save()
+    reopened = IndexStore.open(tmp_path / "pq")
+    assert reopened.search_params()["oversample"] == 12
+    assert reopened.search(q, K) == reopened.search(q, K, oversample=12)
+    assert reopened.search(q, K) != reopened.search(q, K, oversample=1)
+
+
+def test_exact_indexes_ignore_re_scoring_and_refuse_an_oversample(tmp_path, data) -> None:
+    x, q = data
+    flat = build(tmp_path / "flat", x)
+    assert "oversample" not in flat.search_params()
+    assert flat.search(q, K, rescore=False) == flat.search(q, K, oversample=9)
+    with pytest.raises(StoreError, match="exact already"):
+        flat.set_search_params(oversample=4)
+
+
+def test_only_the_candidates_vectors_are_read(tmp_path, data, monkeypatch) -> None:
+    x, q = data
+    store = pq_store(tmp_path, x)
+    [segment] = [s for s in store._state.serving() if s.live_count]
+    asked: list[int] = []
+    real = segment.exact_vectors
+    monkeypatch.setattr(segment, "exact_vectors", lambda ids: asked.append(ids.size) or real(ids))
+    store.search(q[:1], K, oversample=3)
+    assert asked == [K * 3]
+
+
+@pytest.mark.parametrize("bad", [0, MAX_OVERSAMPLE + 1, -1, True, 2.5, "4"])
+def test_an_oversample_outside_its_range_is_refused(bad) -> None:
+    with pytest.raises(
+        StoreError, match=f"oversample must be an integer from 1 to {MAX_OVERSAMPLE}"
+    ):
+        Query(np.zeros((1, 4), np.float32), 3, oversample=bad)
+
+
+def test_rescore_must_be_a_boolean() -> None:
+    with pytest.raises(StoreError, match="rescore must be true or false"):
+        Query(np.zeros((1, 4), np.float32), 3, rescore="yes")  # type: ignore[arg-type]
