@@ -131,6 +131,21 @@ class SegmentInfo(BaseModel):
     shard: str | None = Field(None, description="the shard it belongs to (sharded indexes)")
 
 
+class TuningInfo(BaseModel):
+    """What `vitrieval-index tune` measured and chose for the index."""
+
+    target_recall: float
+    recall: float = Field(description="recall@k measured on the index's own items")
+    held_out_recall: float = Field(description="recall@k on as many other items")
+    k: int
+    queries: int
+    params: dict[str, int] = Field(description="the settings chosen (nprobe, oversample...)")
+    latency_ms: float = Field(description="a single query's median latency at those settings")
+    items: int = Field(description="live items when it was measured")
+    reached: bool = Field(description="whether any setting reached the target")
+    tuned: str = Field(description="when (ISO 8601)")
+
+
 class IndexInfo(BaseModel):
     """The served index: its size, FAISS factory, generation and segments."""
 
@@ -144,6 +159,7 @@ class IndexInfo(BaseModel):
     )
     gpu: str = Field(description='where searches run: "cpu" or "<n> GPU(s)"')
     search_params: dict[str, int]
+    tuning: TuningInfo | None = Field(None, description="the settings tuned to a target recall")
     journal_pending: int = Field(description="writes in the journal, not yet sealed")
     segments: list[SegmentInfo]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..evaluation.datasets import DatasetError
 from ..runtime.images import ImageDecodeError
 from ..runtime.model_metadata import ModelMetadataError
+from ..tuning import check_target
 from .add import add_add_command
 from .bench import add_bench_command
 from .common import (
@@ -40,6 +41,7 @@ from .shards import (
     existing_shards,
     wants_shards,
 )
+from .tune import add_target_recall_option, add_tune_command, tune_index
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     DatasetError,
@@ -60,6 +62,8 @@ def _build(args: argparse.Namespace, items: list | None = None) -> int:
             "or a folder of embeddings (from `vitrieval-index embed`, for one)"
         )
     check_shards_option(args)
+    if getattr(args, "target_recall", None) is not None:
+        check_target(args.target_recall)  # before the build, not after it
     if getattr(args, "ray", None) and (
         args.images is not None or not wants_shards(args, Path(args.out))
     ):
@@ -77,6 +81,8 @@ def _build(args: argparse.Namespace, items: list | None = None) -> int:
         code = _build_images(args, items, skipped)
     if code == 0 and wants_settings(args):
         print(apply_index_settings(args, Path(args.out)))
+    if code == 0 and getattr(args, "target_recall", None) is not None:
+        print(tune_index(Path(args.out), args.target_recall))
     return code
 
 
@@ -442,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_shards_option(build)
     add_index_settings(build)
+    add_target_recall_option(build)
     add_ray_options(build)
     add_runtime_options(build)
     build.set_defaults(handler=_build)
@@ -508,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_command(sub)
     add_configure_command(sub)
+    add_tune_command(sub)
 
     export = sub.add_parser(
         "export-dataset", help="write a dataset split as image files (a folder per class + CSV)"

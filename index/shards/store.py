@@ -155,6 +155,11 @@ class ShardedStore:
         with self._lock:
             return [key for key, _ in self._in_id_order([s.keys() for s in self.shards])]
 
+    def live_vectors(self, batch: int = 65536) -> Iterator[tuple[list[str], np.ndarray]]:
+        """`IndexStore.live_vectors` of every shard, one after another."""
+        for shard in self.shards:
+            yield from shard.live_vectors(batch)
+
     def get(self, key: str) -> ItemRecord | None:
         return self._owner(key).get(key)
 
@@ -255,6 +260,11 @@ class ShardedStore:
 
     def search_params(self) -> dict[str, int]:
         return self.shards[0].search_params()
+
+    def set_tuning(self, tuning: mf.TuningEntry | None) -> None:
+        """`IndexStore.set_tuning` on every shard (the settings were tuned for all)."""
+        for shard in self.shards:
+            shard.set_tuning(tuning)
 
     # -- search ------------------------------------------------------------------------
 
@@ -380,6 +390,7 @@ def combine_info(
         "model_file": parts[0]["model_file"],
         "trained": all(p["trained"] for p in parts),
         "search_params": parts[0]["search_params"],
+        "tuning": parts[0]["tuning"],
         "gpu": parts[0]["gpu"],
         "segments": [
             {"shard": name, **segment}

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..rerank import DEFAULT_DBA_ALPHA
+from . import manifest as mf
 from ._dba import check_dba
 from ._field_index import FieldSelection, check_field_paths
 from ._health import legacy_items, scrub_store, verify_store
@@ -185,6 +186,16 @@ class IndexStore:
         with self._state.lock:
             pairs = [pair for s in self._state.serving() for pair in s.keys_by_id()]
         return [key for _, key in sorted(pairs)]
+
+    def live_vectors(self, batch: int = 65536) -> Iterator[tuple[list[str], np.ndarray]]:
+        """(keys, float32 (b, dim) stored vectors) of every live item, segment by
+        segment in batches of at most `batch`: what a pass over the whole index reads
+        (the exact neighbours `vitrieval-index tune` measures recall against). Holds
+        the store's lock until the iteration ends: consume it to the end."""
+        with self._state.lock:
+            for segment in self._state.serving():
+                for rows, vectors in segment.live_rows(batch):
+                    yield [row[1] for row in rows], vectors
 
     def get(self, key: str) -> ItemRecord | None:
         with self._state.lock:
@@ -374,6 +385,13 @@ class IndexStore:
                 for segment in state.segments():
                     segment.vectors.set_parameter(name, int(value))
                 state.changed(params=True)
+
+    def set_tuning(self, tuning: mf.TuningEntry | None) -> None:
+        """Record what `vitrieval-index tune` measured (index/tuning.py), saved with the
+        index at the next save and shown by `info`; None forgets it."""
+        with self._state.lock:
+            self._state.tuning = tuning
+            self._state.changed(params=True)
 
     def search_params(self) -> dict[str, int]:
         """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch; a

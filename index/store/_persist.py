@@ -209,6 +209,7 @@ def _commit(
         quantizer=quantizer,
         next_id=state.next_id,
         search_params=saved_search_params(state),
+        tuning=state.tuning,
         filter_fields=state.filter_fields.paths_tuple(),
         format_version=mf.FORMAT_VERSION,
         dba=state.dba,

@@ -38,6 +38,7 @@ def store_info(state: StoreState) -> dict[str, Any]:
             "model_file": str(state.model_path) if state.model_path else None,
             "trained": state.template.is_trained,
             "search_params": state.search_params(),
+            "tuning": state.tuning.to_json() if state.tuning else None,
             "filter_fields": state.filter_fields.to_json(),
             "dba": None
             if state.dba is None

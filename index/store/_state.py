@@ -69,6 +69,7 @@ class StoreState:
         # candidates per k a compressed segment re-scores, when set (request.py's default
         # otherwise); saved with the FAISS search settings in the manifest
         self.oversample: int | None = committed.search_params.get(OVERSAMPLE) if committed else None
+        self.tuning = committed.tuning if committed else None  # index/tuning.py's record
         # the metadata paths new segments index for filters (_field_index.py)
         self.filter_fields = filter_fields or FieldSelection(None)
         self._template = template  # empty (trained) index new segments start from

@@ -41,6 +41,7 @@ from .manifest_entries import ModelEntry as ModelEntry
 from .manifest_entries import NamedFile as NamedFile
 from .manifest_entries import SegmentEntry as SegmentEntry
 from .manifest_entries import TombstoneEntry as TombstoneEntry
+from .manifest_entries import TuningEntry as TuningEntry
 
 logger = logging.getLogger(__name__)
 
@@ -275,9 +276,15 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
             _parse_named(dba.get("ids"), where, _DBA_FILE),
             _parse_named(dba.get("vectors"), where, _DBA_FILE),
         )
+    tuning = data.get("tuning")
+    if tuning is not None:
+        tuning = TuningEntry.from_json(tuning)
+        if tuning is None:
+            raise StoreError(f"{where} is invalid: field 'tuning' is malformed")
     return Manifest(
         **common,
         format_version=version,
+        tuning=tuning,
         dba=None if dba is None else (int(dba["neighbours"]), float(dba["alpha"])),
         dba_index=dba_index,
         filter_fields=None if filter_fields is None else tuple(filter_fields),

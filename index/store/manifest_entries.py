@@ -117,6 +117,65 @@ class DbaEntry:
 
 
 @dataclass(frozen=True)
+class TuningEntry:
+    """What `vitrieval-index tune` measured and chose (index/tuning.py): the search
+    settings (`params`: nprobe or efSearch, and oversample) that reached
+    `target_recall` at the least measured latency; `recall` (recall@k on `queries`
+    of the index's own items, each one's own item left out) and `held_out_recall`
+    (on as many other items); `latency_ms` a single query's median at that setting;
+    `items` the live items when it was measured; `reached`: whether any setting
+    reached the target (else `params` is the best recall found)."""
+
+    target_recall: float
+    recall: float
+    held_out_recall: float
+    k: int
+    queries: int
+    params: dict[str, int]
+    latency_ms: float
+    items: int
+    reached: bool
+    tuned: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target_recall": self.target_recall,
+            "recall": self.recall,
+            "held_out_recall": self.held_out_recall,
+            "k": self.k,
+            "queries": self.queries,
+            "params": dict(self.params),
+            "latency_ms": self.latency_ms,
+            "items": self.items,
+            "reached": self.reached,
+            "tuned": self.tuned,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> TuningEntry | None:
+        """The entry of decoded JSON; None when it is not one (the caller says where)."""
+        floats = ("target_recall", "recall", "held_out_recall", "latency_ms")
+        ints = ("k", "queries", "items")
+        if not (
+            isinstance(raw, dict)
+            and all(isinstance(raw.get(f), int | float) for f in floats)
+            and all(isinstance(raw.get(f), int) and not isinstance(raw[f], bool) for f in ints)
+            and isinstance(raw.get("params"), dict)
+            and all(isinstance(v, int) for v in raw["params"].values())
+            and isinstance(raw.get("reached"), bool)
+            and isinstance(raw.get("tuned"), str)
+        ):
+            return None
+        return cls(
+            **{f: float(raw[f]) for f in floats},
+            **{f: int(raw[f]) for f in ints},
+            params={str(k): int(v) for k, v in raw["params"].items()},
+            reached=raw["reached"],
+            tuned=raw["tuned"],
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """One committed generation, exactly as manifest.json states it.
 
@@ -141,6 +200,7 @@ class Manifest:
     dba: tuple[int, float] | None = None  # DBA (neighbours, alpha) commits compute; None: off
     dba_index: DbaEntry | None = None  # the derived DBA index (format 4; _dba.py)
     journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
+    tuning: TuningEntry | None = None  # what `vitrieval-index tune` chose and measured
 
     @property
     def fingerprint(self) -> str | None:
@@ -169,6 +229,7 @@ class Manifest:
             "count": self.count,
             "next_id": self.next_id,
             "search_params": dict(self.search_params),
+            "tuning": self.tuning.to_json() if self.tuning else None,
             "filter_fields": None if self.filter_fields is None else list(self.filter_fields),
             "dba": self._dba_json(),
             "journal": ({"id": self.journal[0], "upto": self.journal[1]} if self.journal else None),

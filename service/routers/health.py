@@ -110,7 +110,10 @@ async def info(state: ServiceDep) -> InfoResponse:
                 "journal_pending",
             )
         }
-        | {"segments": [_public_segment(segment) for segment in index["segments"]]},
+        | {
+            "tuning": index.get("tuning"),
+            "segments": [_public_segment(segment) for segment in index["segments"]],
+        },
         "service": {
             "batching": state.batcher.enabled,
             "model_calls_at_once": state.batcher.model_calls_at_once,
