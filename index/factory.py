@@ -17,6 +17,11 @@ The rule (`choose_factory`), for n vectors of dimension d:
    - otherwise `IVF{nlist},PQ{m}` (same quantizer): m 8-bit codes per vector, m the
      largest divisor of d (at most d / 2) whose index fits the budget. PQ needs 9,984
      vectors to train its 256 centroids per sub-vector (39 each, as for the lists).
+     With a target recall (`build --target-recall R`), `IVF{nlist},SQ8` (one byte per
+     dimension) comes first when it fits: its candidates re-scored by the exact
+     vectors reach a high recall with a small oversample (docs/benchmarks.md,
+     "Compressed codes with re-scoring"); the build then tunes nprobe and oversample
+     to R and prints the recall and latency it measured.
 3. No candidate fits, or too few vectors for PQ: an error naming the smallest candidate
    and its size.
 
@@ -121,15 +126,17 @@ def _hnsw_node_bytes() -> float:
 def estimate_bytes(factory: str, n: int, dim: int) -> tuple[int, int]:
     """(serialised size, memory once loaded) in bytes of `factory` holding n vectors of
     dimension d, in the store's layout. Knows the factories `choose_factory` picks:
-    Flat, IVF{nlist}[_HNSW32],Flat, IVF{nlist},PQ{m} and PQ{m}."""
-    match = re.fullmatch(r"(?:IVF(\d+)(_HNSW32)?,)?(Flat|PQ(\d+))", factory)
+    Flat, IVF{nlist}[_HNSW32],Flat, IVF{nlist}[_HNSW32],SQ8, IVF{nlist},PQ{m} and PQ{m}."""
+    match = re.fullmatch(r"(?:IVF(\d+)(_HNSW32)?,)?(Flat|SQ8|PQ(\d+))", factory)
     if not match:
         raise FactoryError(f"no size estimate for factory {factory!r}")
     nlist, hnsw, codes, m = match.groups()
-    code_bytes = 4 * dim if codes == "Flat" else int(m)
+    code_bytes = {"Flat": 4 * dim, "SQ8": dim}.get(codes) or int(m)
     size = n * (code_bytes + ID_BYTES)  # codes and ids, in the lists or in the id map
     if m:
         size += PQ_CENTROIDS * dim * 4  # the PQ codebooks: 256 centroids of d / m floats each
+    if codes == "SQ8":
+        size += 2 * dim * 4  # each dimension's trained range (min, width)
     if nlist is None:
         return size, size + n * REVERSE_MAP_BYTES
     nlist = int(nlist)
@@ -145,9 +152,13 @@ def _pq_m(dim: int) -> list[int]:
     return [m for m in range(dim // 2, 0, -1) if dim % m == 0]
 
 
-def choose_factory(n: int, dim: int, memory_budget: int | None = None) -> FactoryChoice:
+def choose_factory(
+    n: int, dim: int, memory_budget: int | None = None, target_recall: float | None = None
+) -> FactoryChoice:
     """The factory for n vectors of dimension `dim` under an optional memory budget
-    (bytes, for the FAISS index); see the module docstring for the rule."""
+    (bytes, for the FAISS index); see the module docstring for the rule. With a
+    `target_recall`, 8-bit scalar codes are tried before PQ (re-scored, they reach a
+    high recall with few candidates), and the reason says the build tunes to it."""
     if n < 0 or dim < 1:
         raise FactoryError(f"choosing a factory needs n >= 0 and dim >= 1, got n={n}, dim={dim}")
     budget = math.inf if memory_budget is None else memory_budget
@@ -178,14 +189,19 @@ def choose_factory(n: int, dim: int, memory_budget: int | None = None) -> Factor
             f"({PQ_MIN_VECTORS:,} needed): raise --memory-budget"
         )
     smallest = ivf
-    for m in _pq_m(dim):
-        pq = choice(
-            f"{quantizer},PQ{m}",
-            f"full vectors ({full}) exceed the {format_bytes(budget)} budget; {m} bytes per vector",
-        )
-        if pq.memory_bytes <= budget:
-            return pq
-        smallest = pq
+    over = f"full vectors ({full}) exceed the {format_bytes(budget)} budget"
+    tuned = (
+        ""
+        if target_recall is None
+        else f"; re-scored by the exact vectors and tuned to recall@10 {target_recall:g}"
+    )
+    codes = [(f"{quantizer},SQ8", f"{dim} bytes per vector")] if target_recall else []
+    codes += [(f"{quantizer},PQ{m}", f"{m} bytes per vector") for m in _pq_m(dim)]
+    for factory, size in codes:
+        compressed = choice(factory, f"{over}; {size}{tuned}")
+        if compressed.memory_bytes <= budget:
+            return compressed
+        smallest = compressed
     raise FactoryError(
         f"no index of {n:,} vectors of dimension {dim} fits a memory budget of "
         f"{format_bytes(budget)}: the smallest, {smallest.factory}, needs about "

@@ -490,3 +490,24 @@ def test_the_training_sample_follows_the_factory():
     assert training_sample_size("IVF65536_HNSW32,PQ16") == 39 * 65536
     assert training_sample_size("PQ16x12") == 200_000  # 39 x 4096 fewer
     assert training_sample_size("PQ16x14") == 39 * 2**14
+
+
+def test_a_build_tunes_to_a_target_recall(tmp_path, capsys, tiny_onnx):
+    fingerprint = read_model_metadata(tiny_onnx).fingerprint
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((8, 128))
+    x = (centres[rng.integers(0, 8, 400)] + 0.5 * rng.standard_normal((400, 128))).astype(
+        np.float32
+    )  # few items: the tuning draws (400 - 11) // 2 queries, not 1,000
+    part = {"key": [f"item/{i}" for i in range(len(x))], "embedding": embedding_column(x)}
+    emb = foreign_folder(tmp_path / "emb", fingerprint, [part])
+    out = tmp_path / "index"
+    common = ("build", "--embeddings", emb, "--model", tiny_onnx, "--out", out)
+    code, _, err = run(capsys, *common, "--target-recall", "1.2")
+    assert code == 2 and one_line(err) and "target recall must be a number in (0, 1]" in err
+    assert not out.exists()  # refused before building anything
+    code, printed, err = run(capsys, *common, "--factory", "IVF4,SQ4", "--target-recall", "0.9")
+    assert code == 0, err
+    assert "target recall@10 0.9 reached" in printed.splitlines()[-1]
+    tuning = IndexStore.open(out).info()["tuning"]
+    assert tuning["recall"] >= 0.9 and set(tuning["params"]) == {"nprobe", "oversample"}

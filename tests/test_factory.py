@@ -48,6 +48,25 @@ def test_choices(n, dim, budget, factory):
     assert (choice.file_bytes, choice.memory_bytes) == estimate_bytes(factory, n, dim)
 
 
+@pytest.mark.parametrize(
+    ("n", "dim", "budget", "factory"),
+    [
+        (1_000_000, 384, GIB, "IVF4096_HNSW32,SQ8"),  # one byte a dimension fits
+        (10_000_000, 384, GIB, "IVF4096_HNSW32,PQ96"),  # SQ8 (3.6 GiB) does not
+        (1_000_000, 384, None, "IVF4096_HNSW32,Flat"),  # no budget: full vectors
+        (50_000, 128, None, "Flat"),
+    ],
+)
+def test_a_target_recall_tries_scalar_codes_before_pq(n, dim, budget, factory):
+    choice = choose_factory(n, dim, budget, target_recall=0.95)
+    assert choice.factory == factory
+    assert choice.memory_bytes <= (budget or float("inf"))
+    if "SQ8" in factory or "PQ" in factory:
+        assert choice.summary().endswith(
+            "re-scored by the exact vectors and tuned to recall@10 0.95)"
+        )
+
+
 def test_the_summary_is_one_line_with_the_choice_and_its_memory():
     line = choose_factory(1_000_000, 512, GIB).summary()
     assert line == (
@@ -119,6 +138,7 @@ def test_format_bytes():
         ("IVF32_HNSW32,Flat", 3000, 64),
         ("IVF16,PQ8", 3000, 64),
         ("IVF16,PQ16", 3000, 32),
+        ("IVF16,SQ8", 3000, 64),
     ],
 )
 def test_estimate_matches_the_saved_index(tmp_path, factory, n, dim):

@@ -102,7 +102,7 @@ def _build_images(args: argparse.Namespace, items: list, skipped: list | None = 
         items,
         out,
         embedder,
-        factory=_factory(args.factory, out, len(items), embedder.dim, budget),
+        factory=_factory(args, out, len(items), embedder.dim, budget),
         save_every=2048 if args.save_every is None else args.save_every,
         store=store,
     )
@@ -134,7 +134,7 @@ def _build_embeddings(args: argparse.Namespace) -> int:
         _check_embeddings_model(model, folder, given=bool(args.model))
     if wants_shards(args, out):
         keep = existing_shards(out) is not None and args.factory in (None, "auto")
-        factory = None if keep else _factory(args.factory, out, folder.count, folder.dim, budget)
+        factory = None if keep else _factory(args, out, folder.count, folder.dim, budget)
         return build_sharded_from_args(args, folder, model, factory)
     if exists:
         store = IndexStore.open(out, fingerprint=folder.fingerprint, dim=folder.dim)
@@ -146,7 +146,7 @@ def _build_embeddings(args: argparse.Namespace) -> int:
         store = IndexStore.create(
             out,
             dim=folder.dim,
-            factory=_factory(args.factory, out, folder.count, folder.dim, budget) or "Flat",
+            factory=_factory(args, out, folder.count, folder.dim, budget) or "Flat",
             fingerprint=folder.fingerprint,
             model_path=model,
         )
@@ -231,17 +231,20 @@ def _memory_budget(args: argparse.Namespace) -> int | None:
     return parse_bytes(text)
 
 
-def _factory(factory: str | None, out: Path, n: int, dim: int, budget: int | None) -> str | None:
-    """The factory to create `out` with: `auto` (or none) chooses one for n vectors and
-    prints the choice; an existing index keeps its own (None), an explicit one is checked
-    against it by the build."""
+def _factory(
+    args: argparse.Namespace, out: Path, n: int, dim: int, budget: int | None
+) -> str | None:
+    """The factory to create `out` with: `--factory auto` (or none) chooses one for n
+    vectors (and `--target-recall`) and prints the choice; an existing index keeps its
+    own (None), an explicit one is checked against it by the build."""
     from ..factory import AUTO, choose_factory
 
+    factory = args.factory
     if factory not in (None, AUTO):
         return factory
     if (out / "manifest.json").exists():
         return None
-    choice = choose_factory(n, dim, budget)
+    choice = choose_factory(n, dim, budget, getattr(args, "target_recall", None))
     print(choice.summary())
     return choice.factory
 
