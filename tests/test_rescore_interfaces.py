@@ -1,16 +1,17 @@
 """`rescore` and `oversample` reach the store from every way a user searches: the
 Python API (`vitrieval.search`), `POST /v1/search` (JSON and forms), the client
-(`Client`, `AsyncClient`) and `vitrieval-index search`; `vitrieval-index configure
---oversample` saves the index's default. Each answers exactly what the store answers
-with the same settings, on a small compressed (IVF-PQ) index where the settings change
-the answer; a bad value is a 422 with the error body over HTTP, and one line with exit
-status 2 on the command line."""
+(`Client`, `AsyncClient`) and `vitrieval-index search`, and the Ray ingress hands them
+to every shard; `vitrieval-index configure --oversample` saves the index's default.
+Each answers exactly what the store answers with the same settings, on a small
+compressed (IVF-PQ) index where the settings change the answer; a bad value is a 422
+with the error body over HTTP, and one line with exit status 2 on the command line."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -19,11 +20,13 @@ import numpy as np
 import pytest
 from index_cli_helpers import run
 from PIL import Image
+from ray_cluster import NO_RAY, ray_missing
 from serving import Server
 from store_helpers import build, unit_vectors
 
 import vitrieval
 from vitrieval.client import AsyncClient, Client, calls
+from vitrieval.index.query import AQE, Where, search
 from vitrieval.index.store import IndexStore, StoreError
 from vitrieval.index.store.request import DEFAULT_OVERSAMPLE, MAX_OVERSAMPLE
 from vitrieval.service.state import check_vector
@@ -112,6 +115,39 @@ def test_the_python_api_answers_what_the_store_answers(store, compressed) -> Non
             vitrieval.search(store, q, K, oversample=bad)
     with pytest.raises(StoreError, match="rescore must be true or false"):
         vitrieval.search(store, q, K, rescore="no")
+
+
+class RecordingShard:
+    """A shard deployment's handle (`handle.ranked_search.remote(query)`) that keeps
+    the queries it is sent, pickled and unpickled as Ray sends them, and finds nothing."""
+
+    def __init__(self) -> None:
+        self.queries: list = []
+        self.ranked_search = self
+
+    def remote(self, query):
+        self.queries.append(pickle.loads(pickle.dumps(query)))
+
+        async def nothing() -> list:
+            return [[] for _ in query.vectors]
+
+        return nothing()
+
+
+@pytest.mark.skipif(ray_missing(), reason=NO_RAY)
+def test_the_ray_ingress_hands_every_shard_the_settings(tmp_path) -> None:
+    from vitrieval.distributed.serve.ingress import RemoteIndex
+
+    shards = [RecordingShard(), RecordingShard()]
+    index = RemoteIndex(shards, tmp_path, DIM)
+    q = unit_vectors(np.random.default_rng(3), 2, DIM)
+    where = Where(exclude_keys=["a", "b", "c"])  # split among the shards: a copy each
+    found = search(index, q, K, where=where, rerank=AQE(3), rescore=False, oversample=7)
+    assert asyncio.run(found) == [[], []]
+    for shard in shards:
+        # alpha-QE's first search (its n) and the final one (k), both with the settings
+        assert [query.k for query in shard.queries] == [3, K]
+        assert all((query.rescore, query.oversample) == (False, 7) for query in shard.queries)
 
 
 # -- POST /v1/search -------------------------------------------------------------------
