@@ -12,6 +12,11 @@ vectors.
   expansion is searched for the top k.
 - `search_fused`: several query images as one query (`vitrieval.index.fusion`): `mean` searches
   the mean of their embeddings; `max` searches each image and merges by max score.
+
+Every function takes the same `rescore` and `oversample` (how a compressed segment
+ranks its candidates: `vitrieval.index.store.request.Query`) and hands them to the one
+`Query` that `search` builds; alpha-QE's first search is a copy of it, so it re-scores
+as the final search does.
 """
 
 from __future__ import annotations
@@ -71,10 +76,19 @@ async def search(
     *,
     where: Where | None = None,
     rerank: AQE | None = None,
+    rescore: bool = True,
+    oversample: int | None = None,
 ) -> Ranked:
     """Each row of float32 (q, d) `queries` searched for its top k, as ranked hits;
-    with `rerank`, alpha-QE first (module docstring)."""
-    query = Query(np.asarray(queries, dtype=np.float32), k, where or Where())
+    with `rerank`, alpha-QE first (module docstring). `rescore` and `oversample`: how
+    compressed segments rank their candidates (`Query`; a StoreError when invalid)."""
+    query = Query(
+        np.asarray(queries, dtype=np.float32),
+        k,
+        where or Where(),
+        rescore=rescore,
+        oversample=oversample,
+    )
     if rerank is not None:
         query = query.replace(vectors=await expand(index, query, rerank))
     return await index.ranked_search(query)
@@ -108,30 +122,35 @@ async def search_fused(
     fusion: Fusion = DEFAULT_FUSION,
     where: Where | None = None,
     rerank: AQE | None = None,
+    rescore: bool = True,
+    oversample: int | None = None,
 ) -> list[tuple[int, Hit]]:
     """The float32 (m, d) embeddings of m query images as one query -> its ranked top k.
     `mean` searches their normalised mean; `max` each of them (each expanded on its
-    own with `rerank`), merged by max score (index.fusion)."""
+    own with `rerank`), merged by max score (index.fusion). `rescore` and `oversample`
+    as for `search`."""
     if fusion not in FUSIONS:
         raise FusionError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
     x = np.asarray(vectors, dtype=np.float32)
     if len(x) > 1 and fusion == "mean":
         x = fuse_mean(x)[None, :]
-    rows = await search(index, x, k, where=where, rerank=rerank)
+    rows = await search(
+        index, x, k, where=where, rerank=rerank, rescore=rescore, oversample=oversample
+    )
     return rows[0] if len(rows) == 1 else merge_max(rows, k)
 
 
 def search_store(store: Any, queries: np.ndarray, k: int, **options: Any) -> Ranked:
-    """`search` (its `where` and `rerank` options) on an opened store, for synchronous
-    callers (the command line)."""
+    """`search` (its `where`, `rerank`, `rescore` and `oversample` options) on an
+    opened store, for synchronous callers (the command line)."""
     return asyncio.run(search(LocalIndex(store), queries, k, **options))
 
 
 def search_store_fused(
     store: Any, vectors: np.ndarray, k: int, **options: Any
 ) -> list[tuple[int, Hit]]:
-    """`search_fused` (its `fusion`, `where` and `rerank` options) on an opened store,
-    for synchronous callers."""
+    """`search_fused` (its `fusion`, `where`, `rerank`, `rescore` and `oversample`
+    options) on an opened store, for synchronous callers."""
     return asyncio.run(search_fused(LocalIndex(store), vectors, k, **options))
 
 
@@ -145,6 +164,8 @@ def search_index(
     exclude_keys: Sequence[str] = (),
     rerank: AQE | None = None,
     fusion: Fusion | None = None,
+    rescore: bool = True,
+    oversample: int | None = None,
 ) -> list[list[Hit]]:
     """The Python API's search (`vitrieval.search`) on an opened index (`open_index`).
 
@@ -152,12 +173,16 @@ def search_index(
     Each row is its own query, answered by its own list of hits (best first), unless
     `fusion` ("mean" or "max") makes all rows one query, answered by one list. `label`,
     `filter` (the filter language, as a dict) and `exclude_keys` restrict the items;
-    `rerank=AQE(...)` re-ranks with alpha query expansion."""
+    `rerank=AQE(...)` re-ranks with alpha query expansion. On an index that scores
+    from compressed codes (PQ, SQ), each segment ranks its `oversample` x k best
+    candidates again by their exact vectors (1 to MAX_OVERSAMPLE; None: the index's
+    setting) unless `rescore=False`; Flat, IVF-Flat and HNSW-Flat indexes ignore both."""
     x = np.asarray(queries, dtype=np.float32)
     x = x[None, :] if x.ndim == 1 else x
     where = Where(label=label, filter=filter, exclude_keys=exclude_keys)
+    options = {"where": where, "rerank": rerank, "rescore": rescore, "oversample": oversample}
     if fusion is not None:
-        rows = [search_store_fused(index, x, k, fusion=fusion, where=where, rerank=rerank)]
+        rows = [search_store_fused(index, x, k, fusion=fusion, **options)]
     else:
-        rows = search_store(index, x, k, where=where, rerank=rerank)
+        rows = search_store(index, x, k, **options)
     return [[hit for _, hit in row] for row in rows]

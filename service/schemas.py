@@ -19,6 +19,7 @@ from vitrieval.index.store.filters import (
     int64_message,
     parse_filter,
 )
+from vitrieval.index.store.request import DEFAULT_OVERSAMPLE, MAX_OVERSAMPLE
 
 from .text import (
     MAX_KEY_LENGTH,
@@ -151,6 +152,21 @@ class SearchRequest(Strict):
     )
     exclude_self: bool = Field(
         True, description="with `key`: leave the query item itself out of the hits"
+    )
+    rescore: bool = Field(
+        True,
+        description="an index that scores from compressed codes (PQ, SQ): rank each "
+        "segment's `oversample` x k best candidates again by their exact stored vectors "
+        "(false: the codes' scores as they are); Flat, IVF-Flat and HNSW-Flat indexes "
+        "score exactly and ignore it",
+    )
+    oversample: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_OVERSAMPLE,
+        description="with `rescore`: candidates each compressed segment re-scores, as a "
+        "multiple of k (default: the index's setting, from `vitrieval-index configure "
+        f"--oversample`, else {DEFAULT_OVERSAMPLE})",
     )
 
 

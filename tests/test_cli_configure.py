@@ -53,7 +53,7 @@ def test_configure_sets_fields_and_dba_and_rewrites_the_index(tmp_path: Path, ca
 def test_configure_refuses_bad_settings_in_one_line(tmp_path: Path, capsys) -> None:
     small_index(tmp_path / "idx")
     for args, message in [
-        ((), "give --filter-fields, --dba N or --no-dba"),
+        ((), "give --filter-fields, --dba N, --no-dba or --oversample N"),
         (("--dba", "0"), "DBA neighbours must be between 1 and 64"),
         (("--filter-fields", "a..b"), "is not a dot path"),
     ]:

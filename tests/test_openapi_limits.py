@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
+from vitrieval.index.store.request import MAX_OVERSAMPLE
 from vitrieval.service.app import create_app
 from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
 from vitrieval.service.routers.evaluate import EVALUATE_BODY
@@ -55,6 +56,7 @@ VECTOR = {"maxItems": MAX_VECTOR_LENGTH}
 RERANK_N = {"minimum": 1, "maximum": MAX_AQE_NEIGHBOURS}
 RERANK_ALPHA = {"minimum": 0, "maximum": MAX_AQE_ALPHA}
 IMAGES = {"minItems": 1, "maxItems": MAX_QUERY_IMAGES}
+OVERSAMPLE = {"minimum": 1, "maximum": MAX_OVERSAMPLE}
 
 EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "/v1/search": {
@@ -65,6 +67,7 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "rerank.n": RERANK_N,
             "rerank.alpha": RERANK_ALPHA,
             "vector": VECTOR,
+            "oversample": OVERSAMPLE,
         },
         MULTIPART: {
             "image": IMAGES,
@@ -72,8 +75,15 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "label": LABEL,
             "rerank.n": RERANK_N,
             "rerank.alpha": RERANK_ALPHA,
+            "oversample": OVERSAMPLE,
         },
-        URLENCODED: {"k": K, "label": LABEL, "rerank.n": RERANK_N, "rerank.alpha": RERANK_ALPHA},
+        URLENCODED: {
+            "k": K,
+            "label": LABEL,
+            "rerank.n": RERANK_N,
+            "rerank.alpha": RERANK_ALPHA,
+            "oversample": OVERSAMPLE,
+        },
     },
     "/v1/items": {
         JSON: {"key": {"pattern": KEY_PATTERN}, "label": LABEL, "vector": VECTOR},

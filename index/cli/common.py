@@ -24,6 +24,16 @@ def add_verbose_option(
         target.add_argument("-v", "--verbose", action="store_true", default=default, help=help)
 
 
+def checked_oversample_option(value: int | None) -> int | None:
+    """An `--oversample N` checked before anything is opened (None: not given); out of
+    range is a ValueError in the option's words (one line, exit 2)."""
+    from ..store.request import MAX_OVERSAMPLE
+
+    if value is not None and not 1 <= value <= MAX_OVERSAMPLE:
+        raise ValueError(f"--oversample must be from 1 to {MAX_OVERSAMPLE}, got {value}")
+    return value
+
+
 def embedder_from_args(model: Path, args: argparse.Namespace):
     """The Embedder of `model` with the command's --device and --batch-size."""
     from ..runtime.embedder import Embedder

@@ -1,9 +1,11 @@
 """`vitrieval-index configure INDEX` and the same options on `build`: the settings an
-index keeps for its segments (the fields filters read, DBA), apart from cli.py.
+index keeps for its segments (the fields filters read, DBA), apart from cli.py; and,
+on `configure` alone, the search setting `--oversample`.
 
-Both settings shape the files a segment is written with, so changing them rewrites
-the index once (a merge of everything) unless `--no-rewrite` leaves that to the
-merges to come.
+The segment settings shape the files a segment is written with, so changing them
+rewrites the index once (a merge of everything) unless `--no-rewrite` leaves that to
+the merges to come. `--oversample` (how many candidates a compressed segment re-scores
+by the exact vectors) is read at search time: it is saved, and nothing is rewritten.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import argparse
 from pathlib import Path
 
 from ..rerank import DEFAULT_DBA_ALPHA, DEFAULT_DBA_NEIGHBOURS
+from ..store.request import DEFAULT_OVERSAMPLE, MAX_OVERSAMPLE
 from .arguments import Subcommands
+from .common import checked_oversample_option
 
 ALL_FIELDS_WORD = "all"
 
@@ -47,10 +51,19 @@ def add_index_settings(parser: argparse.ArgumentParser) -> None:
 
 def add_configure_command(sub: Subcommands) -> None:
     configure = sub.add_parser(
-        "configure", help="set an index's filter fields and DBA, rewriting it once"
+        "configure",
+        help="set an index's filter fields and DBA (rewriting it once) or its oversampling",
     )
     configure.add_argument("index")
     add_index_settings(configure)
+    configure.add_argument(
+        "--oversample",
+        type=int,
+        metavar="N",
+        help="a compressed index (PQ, SQ): the candidates per k each segment re-scores by "
+        f"the exact vectors when a search names none (1 to {MAX_OVERSAMPLE}; default "
+        f"{DEFAULT_OVERSAMPLE}); saved without a rewrite. An exact index refuses it",
+    )
     configure.add_argument(
         "--no-rewrite",
         action="store_true",
@@ -93,8 +106,26 @@ def apply_index_settings(args: argparse.Namespace, index: Path, rewrite: bool = 
     )
 
 
+def apply_oversample(index: Path, oversample: int) -> str:
+    """Save `oversample` as the index's re-scoring default (a StoreError for an index
+    whose scores are exact); returns what it holds now."""
+    from ..shards import open_index
+
+    with open_index(index) as store:
+        store.set_search_params(oversample=oversample)
+        store.save()
+        saved = store.search_params()["oversample"]
+    return f"{index}: oversample {saved} (each compressed segment re-scores {saved} x k candidates)"
+
+
 def _configure(args: argparse.Namespace) -> int:
-    if not wants_settings(args):
-        raise ValueError("give --filter-fields, --dba N or --no-dba")
-    print(apply_index_settings(args, Path(args.index), rewrite=not args.no_rewrite))
+    oversample = checked_oversample_option(args.oversample)
+    if not wants_settings(args) and oversample is None:
+        raise ValueError("give --filter-fields, --dba N, --no-dba or --oversample N")
+    # the search setting first: it is checked against the index (an exact one refuses
+    # it) before a segment setting rewrites anything
+    if oversample is not None:
+        print(apply_oversample(Path(args.index), oversample))
+    if wants_settings(args):
+        print(apply_index_settings(args, Path(args.index), rewrite=not args.no_rewrite))
     return 0

@@ -2,8 +2,9 @@
 
 Each query image is its own query, or with --fuse all of them are one (index/fusion.py);
 --filter narrows the hits by metadata (index/store/filters.py) and --rerank aqe re-ranks them
-(alpha query expansion). What follows the embedding is `vitrieval.index.query`, as the HTTP
-service runs it.
+(alpha query expansion); --oversample and --no-rescore set how a compressed index re-scores
+its candidates (index/store/_rescore.py). What follows the embedding is
+`vitrieval.index.query`, as the HTTP service runs it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..fusion import FUSIONS
 from ..rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
-from .arguments import Subcommands
-from .common import add_runtime_options, embedder_from_args, open_index_with_model
+from ..store.request import DEFAULT_OVERSAMPLE, MAX_OVERSAMPLE
+from .arguments import ArgumentAdder, Subcommands
+from .common import (
+    add_runtime_options,
+    checked_oversample_option,
+    embedder_from_args,
+    open_index_with_model,
+)
 
 if TYPE_CHECKING:
     from ..store.filters import Filter
@@ -66,10 +73,40 @@ def add_search_command(sub: Subcommands) -> None:
         help="with --rerank aqe: the hits' weights are their scores to this power "
         f"(default {DEFAULT_AQE_ALPHA:g}; 0 is a plain average)",
     )
+    add_rescore_options(search)
     search.add_argument("--model", help="override the index's model (same fingerprint only)")
     search.add_argument("--json", action="store_true")
     add_runtime_options(search)
     search.set_defaults(handler=search_command)
+
+
+def add_rescore_options(parser: ArgumentAdder) -> None:
+    """--oversample N and --no-rescore: how an index that scores from compressed codes
+    (PQ, SQ) ranks each segment's candidates; exact indexes ignore both."""
+    parser.add_argument(
+        "--oversample",
+        type=int,
+        metavar="N",
+        help="a compressed index (PQ, SQ): each segment takes N x k candidates from its "
+        "codes and ranks them by their exact vectors (1 to "
+        f"{MAX_OVERSAMPLE}; default the index's setting, from `configure --oversample`, "
+        f"else {DEFAULT_OVERSAMPLE})",
+    )
+    parser.add_argument(
+        "--no-rescore",
+        dest="rescore",
+        action="store_false",
+        help="a compressed index: rank by the codes' approximate scores alone",
+    )
+
+
+def rescore_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The search's `rescore` and `oversample` from --no-rescore and --oversample,
+    checked (ValueError: out of range, or an oversampling with nothing re-scored)."""
+    oversample = checked_oversample_option(args.oversample)
+    if oversample is not None and not args.rescore:
+        raise ValueError("--oversample sets how many candidates are re-scored: drop --no-rescore")
+    return {"rescore": args.rescore, "oversample": oversample}
 
 
 def read_filter(text: str | None) -> Filter | None:
@@ -134,6 +171,7 @@ def search_command(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise ValueError("-k must be at least 1")
+    scoring = rescore_options(args)
     where = Where(label=args.label, filter=read_filter(args.filter), augmented=args.rerank == "dba")
     rerank = _rerank(args)
     store, model = open_index_with_model(Path(args.index), args.model)
@@ -144,12 +182,20 @@ def search_command(args: argparse.Namespace) -> int:
     queries: list[Any]
     if args.fuse:
         found = search_store_fused(
-            store, embedded.embeddings, args.k, fusion=args.fuse, where=where, rerank=rerank
+            store,
+            embedded.embeddings,
+            args.k,
+            fusion=args.fuse,
+            where=where,
+            rerank=rerank,
+            **scoring,
         )
         queries = [[str(path) for path in args.images]]
         results = [[hit for _, hit in found]]
     else:
-        ranked = search_store(store, embedded.embeddings, args.k, where=where, rerank=rerank)
+        ranked = search_store(
+            store, embedded.embeddings, args.k, where=where, rerank=rerank, **scoring
+        )
         queries = [str(path) for path in args.images]
         results = [[hit for _, hit in row] for row in ranked]
     if where.filter is not None and not any(results):

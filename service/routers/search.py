@@ -2,7 +2,9 @@
 
 A search takes one query: an image, several images fused into one (`fusion`, see
 index/fusion.py), an indexed item's key, or a vector; narrowed by a label and a
-metadata filter, optionally re-ranked (alpha-QE). What follows the embedding runs in
+metadata filter, optionally re-ranked (alpha-QE); on a compressed index its
+candidates re-scored by their exact vectors (`rescore`, `oversample`). What follows
+the embedding runs in
 `vitrieval.index.query`, as `vitrieval-index search` runs it.
 """
 
@@ -68,7 +70,7 @@ async def search(request: Request, state: ServiceDep) -> SearchResponse:
         label=query.label, exclude_keys=exclude, filter=query.filter, augmented=method == "dba"
     )
     rerank = AQE(query.rerank.n, query.rerank.alpha) if method == "aqe" else None
-    hits = await _search(state, vectors, query.k, query.fusion, where, rerank, timings)
+    hits = await _search(state, vectors, query, where, rerank, timings)
     return SearchResponse(hits=hits, k=query.k, query=kind, timings_ms=timings.as_dict())
 
 
@@ -89,16 +91,24 @@ async def _embed_images(
 async def _search(
     state: ServiceState,
     vectors: np.ndarray,
-    k: int,
-    fusion: str,
+    query: SearchRequest,
     where: Where,
     rerank: AQE | None,
     timings: Timings,
 ) -> list[HitOut]:
+    """The hits of `vectors` (one query's embeddings) with the request's k, fusion and
+    re-scoring, narrowed by `where` and re-ranked by `rerank`."""
     started = time.perf_counter()
     try:
         found = await search_fused(
-            state.index, vectors, k, fusion=fusion, where=where, rerank=rerank
+            state.index,
+            vectors,
+            query.k,
+            fusion=query.fusion,
+            where=where,
+            rerank=rerank,
+            rescore=query.rescore,
+            oversample=query.oversample,
         )
     except FusionError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from None

@@ -92,12 +92,17 @@ def search(
     fusion: Literal["mean", "max"] | None = None,
     rerank: Rerank | None = None,
     exclude_self: bool | None = None,
+    rescore: bool | None = None,
+    oversample: int | None = None,
 ) -> Call[answers.SearchResponse]:
     """The `k` indexed items most similar to one query, best first: an image,
     several `images` searched as one query (`fusion`: "mean", the default, or
     "max"), an indexed item's `key` (the item itself left out unless `exclude_self`
     is False) or a `vector`. `label` and `filter` narrow the hits; `rerank` re-ranks
-    them (alpha query expansion, or the index's DBA vectors). An option left None
+    them (alpha query expansion, or the index's DBA vectors). On an index that
+    scores from compressed codes (PQ, SQ), each segment ranks its `oversample` x k
+    best candidates again by their exact vectors unless `rescore` is False (the
+    range is in /openapi.json); exact indexes ignore both. An option left None
     takes the server's default."""
     body = _given(
         k=k,
@@ -110,6 +115,8 @@ def search(
         images_base64=[image_base64(i) for i in images] if images is not None else None,
         vector=vector_list(vector) if vector is not None else None,
         exclude_self=exclude_self,
+        rescore=rescore,
+        oversample=oversample,
     )
     return Call("POST", "/v1/search", _model(answers.SearchResponse), json=body)
 
