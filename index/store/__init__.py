@@ -35,7 +35,11 @@ manifest.json::
 
     {"format_version": 4, "generation": g, "model": {...} | null, "dim": D,
      "metric": "inner_product", "factory": "Flat", "count": <live items>,
-     "next_id": <first unused item id>, "search_params": {"nprobe": 8},
+     "next_id": <first unused item id>,
+     "search_params": {"nprobe": 8, "oversample": 4 (compressed codes, when set)},
+     "tuning": null | {"target_recall": 0.95, "recall": r, "held_out_recall": r',
+                       "k": 10, "queries": 1000, "params": {"nprobe": 32, ...},
+                       "latency_ms": t, "items": n, "reached": true, "tuned": "<ISO>"},
      "filter_fields": null | ["colour", "shop.city"],
      "dba": null | {"neighbours": 2, "alpha": 3.0, "generation": g', "count": n,
                     "ids": {"file": "dba.<g'>.ids.npy", "sha256": ..., "bytes": ...},

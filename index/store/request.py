@@ -28,8 +28,8 @@ from .filters import Filter, parse_filter
 
 DEFAULT_OVERSAMPLE = 4
 """Candidates a compressed segment re-scores per query, as a multiple of k, when the
-index has no setting of its own (`vitrieval-index configure --oversample`); chosen
-from bench/compressed_search.py (docs/benchmarks.md)."""
+index has no setting of its own (`vitrieval-index configure --oversample`, or `tune`);
+chosen from bench/compressed_search.py (docs/benchmarks.md)."""
 MAX_OVERSAMPLE = 64
 """The most a query may oversample: 64 x k candidates per segment; past that an IVF
 search's own nprobe, not the candidate count, limits recall."""
