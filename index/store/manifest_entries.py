@@ -7,7 +7,7 @@ one of them too (`mf.Manifest`, ...).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FORMAT_VERSION = 4
@@ -138,18 +138,7 @@ class TuningEntry:
     tuned: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "target_recall": self.target_recall,
-            "recall": self.recall,
-            "held_out_recall": self.held_out_recall,
-            "k": self.k,
-            "queries": self.queries,
-            "params": dict(self.params),
-            "latency_ms": self.latency_ms,
-            "items": self.items,
-            "reached": self.reached,
-            "tuned": self.tuned,
-        }
+        return asdict(self)  # every field is JSON already (params: a fresh dict)
 
     @classmethod
     def from_json(cls, raw: Any) -> TuningEntry | None:
