@@ -132,3 +132,18 @@ def test_an_oversample_outside_its_range_is_refused(bad) -> None:
 def test_rescore_must_be_a_boolean() -> None:
     with pytest.raises(StoreError, match="rescore must be true or false"):
         Query(np.zeros((1, 4), np.float32), 3, rescore="yes")  # type: ignore[arg-type]
+
+
+def test_the_vectors_file_is_mapped_as_saved(tmp_path) -> None:
+    from vitrieval.index.store._mapped_vectors import MappedVectors
+
+    x = np.arange(5 * 7, dtype=np.float32).reshape(5, 7)
+    np.save(tmp_path / "v.npy", x)
+    mapped = MappedVectors(tmp_path / "v.npy")
+    assert np.array_equal(mapped.array, x) and mapped.array.flags.writeable is False
+    for first, stop in ((0, 5), (3, 4), (4, 2)):  # any range, an empty one included
+        mapped.prefetch(first, stop)
+    assert np.array_equal(mapped.array[[4, 0, 2]], x[[4, 0, 2]])
+    np.save(tmp_path / "f.npy", np.asfortranarray(x))
+    with pytest.raises(ValueError, match="Fortran-ordered"):
+        MappedVectors(tmp_path / "f.npy")

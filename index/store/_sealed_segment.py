@@ -43,6 +43,7 @@ from . import _field_index as fx
 from . import manifest as mf
 from ._filter_plans import contains, leaf_ids
 from ._items import ItemRecord
+from ._mapped_vectors import MappedVectors
 from ._memory_segment import SegmentRow
 from ._vectors import VectorIndex, core_index
 from .errors import StoreError, faiss_reason
@@ -106,6 +107,7 @@ class SealedSegment:
         has_columns = columns in entry.files
         self.columns = cl.read_columns(directory / columns) if has_columns else cl.NO_COLUMNS
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
+        self._mapped: MappedVectors | None = None  # the vectors file (not for "Flat")
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         self.committed_tombstones = self._read_tombstones()
         self.pending_tombstones: set[int] = set()
@@ -161,14 +163,15 @@ class SealedSegment:
             )
         path = self.directory / name
         try:
-            raw = np.load(path, mmap_mode="r", allow_pickle=False)
+            self._mapped = MappedVectors(path)  # advised random: re-scoring reads rows apart
         except (OSError, ValueError) as exc:
             raise StoreError(f"{path} is not a readable vectors file: {exc}") from None
+        raw = self._mapped.array
         if raw.shape != (self.entry.rows, self.dim) or raw.dtype != np.dtype("<f4"):
             raise StoreError(f"{path} holds {raw.shape} {raw.dtype}; expected float32 vectors")
         # a plain ndarray over the mapping (it keeps the map alive): numpy's memmap
         # subclass adds its own overhead to every row gather of an exact search
-        return np.asarray(raw)
+        return raw
 
     def _read_tombstones(self) -> set[int]:
         tomb = self.entry.tombstones
@@ -337,6 +340,8 @@ class SealedSegment:
         ]
         positions = np.fromiter((r[3] for r in rows), dtype=np.int64, count=len(rows))
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        if self._mapped is not None and rows:  # most rows, in order: read ahead
+            self._mapped.prefetch(int(positions.min()), int(positions.max()) + 1)
         vectors = np.asarray(self._raw[positions], dtype=np.float32).reshape(len(rows), dim)
         return ids, [r[1] for r in rows], [r[2] for r in rows], vectors
 
@@ -369,12 +374,15 @@ class SealedSegment:
             if not live:
                 continue
             positions = np.fromiter((r[5] for r in live), dtype=np.int64, count=len(live))
+            if self._mapped is not None:  # an in-order pass: read ahead, as a file read would
+                self._mapped.prefetch(int(positions.min()), int(positions.max()) + 1)
             vectors = np.asarray(self._raw[positions], dtype=np.float32)
             yield [row[:5] for row in live], vectors.reshape(len(live), self.dim)
 
     def close(self) -> None:
         self._db.close()
         self._raw = None  # type: ignore[assignment]
+        self._mapped = None
 
 
 def file_identity(path: Path) -> tuple[int, int, int, int]:
