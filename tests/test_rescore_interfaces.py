@@ -36,7 +36,7 @@ FACTORY = "IVF4,PQ8x4"
 changes the top 10."""
 DIM = 128  # the tiny model's dimension: the service serves the index with it
 K = 10
-SCORINGS = [{"rescore": False}, {"oversample": 1}, {"oversample": 16}, {}]
+SCORINGS = [{"rescore": False}, {"oversample": 1}, {"oversample": 4}, {}]
 """Settings whose answers differ on this index (the last: the default oversampling)."""
 
 
