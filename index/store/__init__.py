@@ -80,7 +80,7 @@ manifest.json::
   field index or its metadata (`filtering.leaf_ids` chooses), and searched exactly
   over a small allowed subset or by a widened ID-selector search (_filter_plans.py).
 - Open: read the manifest, check every listed file's size, parse the headers, and
-  memory-map the segments (FAISS's IO_FLAG_MMAP for IVF, IO_FLAG_MMAP_IFC for flat
+  memory-map the segments (FAISS's IO_FLAG_MMAP_IFC, for IVF lists and flat
   codes; numpy's mmap for the vectors; SQLite opened read-only in place): nothing is
   read whole. The model copy, the quantizer and the tombstone lists (small) are
   verified in full. Every byte is verified by `verify()`, `open(verify=True)`, before
