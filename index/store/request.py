@@ -26,14 +26,14 @@ from ._items import Hit
 from .errors import StoreError
 from .filters import Filter, parse_filter
 
-DEFAULT_OVERSAMPLE = 16
+DEFAULT_OVERSAMPLE = 32
 """Candidates a compressed segment re-scores per query, as a multiple of k, when the
 index has no setting of its own (`vitrieval-index configure --oversample`, or `tune`).
 From bench/compressed_search.py at 1M x 384 (docs/benchmarks.md): IVF4096,PQ48 at its
 default nprobe gives recall@10 0.405 unre-scored, 0.771 at 4, 0.968 at 16 and 0.993
-at 32, at a p50 within the run's noise of each other (the probed lists cost more
-than re-scoring k x 16 vectors); IVF4096,SQ8 reaches 1.0 from 2 on. 16 keeps a
-cold query's reads to 160 rows a segment at k = 10."""
+at 32, at a warm p50 within the run's noise of each other (the probed lists cost more
+than re-scoring k x 32 vectors; the cost shows at 64); IVF4096,SQ8 reaches 1.0 from 2
+on. 32 is the smallest value that takes PQ codes past 0.98."""
 MAX_OVERSAMPLE = 64
 """The most a query may oversample: 64 x k candidates per segment; past that an IVF
 search's own nprobe, not the candidate count, limits recall."""
