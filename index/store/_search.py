@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _filter_plans as filtering
 from ._memory_segment import hit
-from ._rescore import rescored
+from ._rescore import Pairs, rescored
 from ._state import StoreState
 from ._vectors import exact_top_k
 from .errors import StoreError
@@ -57,12 +57,10 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
                 continue
             blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
             blocked_ids = np.asarray(sorted(blocked), np.int64)
-            if query.rescore and not segment.vectors.scores_exact:
-                # the codes' top oversample x k, ranked again by the exact vectors
-                wide = _segment_top_k(segment, q, int(k) * oversample, flt, blocked_ids)
-                pairs = rescored(segment, q, wide, int(k))
-            else:
-                pairs = _segment_top_k(segment, q, int(k), flt, blocked_ids)
+            rescoring = query.rescore and not segment.vectors.scores_exact
+            pairs = _segment_top_k(
+                segment, q, int(k), flt, blocked_ids, oversample if rescoring else None
+            )
             for row, found in zip(merged, pairs, strict=True):
                 row.extend((score, item, segment) for item, score in found)
         results = []
@@ -154,31 +152,41 @@ def _segment_top_k(
     k: int,
     flt: Filter | None,
     blocked: np.ndarray,
+    oversample: int | None = None,
 ) -> list[list[tuple[int, float]]]:
+    """One segment's top k for each query. `oversample`: its FAISS search takes the
+    codes' top oversample x k and those are re-scored by the exact vectors
+    (_rescore.py); a small filtered subset is searched exactly either way."""
     index = segment.searched()
     dead = segment.dead_ids()
     blocked = filtering.union(blocked, dead) if dead.size else blocked
+
+    def searched(allowed: np.ndarray | None, blocked: np.ndarray, widen: float = 1.0) -> Pairs:
+        if oversample is None:
+            return index.top_k(q, k, allowed=allowed, blocked=blocked, widen=widen)
+        wide = index.top_k(q, k * oversample, allowed=allowed, blocked=blocked, widen=widen)
+        return rescored(segment, q, wide, k)
+
     if flt is None:
-        return index.top_k(q, k, allowed=None, blocked=blocked)
+        return searched(None, blocked)
     allowed = allowed_in(segment, flt)
     live = segment.live_count
     if allowed.negated:
         # "all but a few": the plain search with those few blocked
         blocked = filtering.union(blocked, allowed.ids)
         matches = max(live - allowed.ids.size, 0)
-        widen = _widening(segment, q, k, allowed, matches)
-        return index.top_k(q, k, allowed=None, blocked=blocked, widen=widen)
+        return searched(None, blocked, _widening(segment, q, k, allowed, matches))
     ids = filtering.difference(allowed.ids, blocked)
     if ids.size == 0:
         return [[] for _ in range(len(q))]
     exact_max = filtering.EXACT_SEARCH_MAX
     if segment.vectors.exact:
         exact_max = min(exact_max, filtering.EXACT_SEARCH_MAX_FLAT)
-    if ids.size <= exact_max:
+    if ids.size <= exact_max:  # exact scores already: nothing to re-score
         found, vectors = segment.exact_vectors(ids)
         return exact_top_k(q, found, vectors, k)
     widen = _widening(segment, q, k, filtering.IdSet(ids, False), ids.size)
-    return index.top_k(q, k, allowed=ids, blocked=blocked, widen=widen)
+    return searched(ids, blocked, widen)
 
 
 def _widening(
