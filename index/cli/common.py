@@ -27,11 +27,15 @@ def add_verbose_option(
 def checked_oversample_option(value: int | None) -> int | None:
     """An `--oversample N` checked before anything is opened (None: not given); out of
     range is a ValueError in the option's words (one line, exit 2)."""
-    from ..store.request import MAX_OVERSAMPLE
+    from ..store import StoreError
+    from ..store.request import MAX_OVERSAMPLE, checked_oversample
 
-    if value is not None and not 1 <= value <= MAX_OVERSAMPLE:
-        raise ValueError(f"--oversample must be from 1 to {MAX_OVERSAMPLE}, got {value}")
-    return value
+    if value is None:
+        return None
+    try:
+        return checked_oversample(value)  # the range, as every search checks it
+    except StoreError:
+        raise ValueError(f"--oversample must be from 1 to {MAX_OVERSAMPLE}, got {value}") from None
 
 
 def embedder_from_args(model: Path, args: argparse.Namespace):
