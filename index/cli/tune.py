@@ -51,8 +51,8 @@ def tune_index(
 ) -> str:
     """Tune the index at `index` (opened for writing: refused beside a live writer) and
     save; returns the one-line summary."""
-    from ..pipeline.build_index import check_writable
     from ..shards import open_index
+    from ..shards.store import check_writable
     from ..tuning import tune
 
     check_target(target)

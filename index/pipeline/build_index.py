@@ -33,7 +33,7 @@ from ..evaluation.datasets import Item
 from ..factory import MAX_TRAINING_VECTORS, training_sample_size
 from ..progress import progress_bar
 from ..runtime.embedder import Embedder, EmbedResult
-from ..shards.store import ShardedStore, is_index, open_index
+from ..shards.store import ShardedStore, check_writable, is_index, open_index
 from ..stopping import Stopped
 from ..store import IndexStore, StoreError
 from ..store.validation import check_new_keys, key_problem
@@ -301,16 +301,6 @@ def count_changed(
         if record is not None and (record.label != label or record.metadata != (meta or {})):
             changed += 1
     return changed
-
-
-def check_writable(out: Path) -> None:
-    """StoreError if another process (a running server) holds the writer lock of the
-    index in `out`: its save would be refused only after all the embedding."""
-    from ..shards.layout import store_directories
-    from ..store import JournalOwner
-
-    for directory in store_directories(out):
-        JournalOwner.check_free(directory)
 
 
 def check_folder_keys(folder: EmbeddingsFolder, store: IndexStore | None, batch_size: int) -> None:

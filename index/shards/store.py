@@ -25,6 +25,7 @@ from ..store import (
     Hit,
     IndexStore,
     ItemRecord,
+    JournalOwner,
     KeyExistsError,
     StoreError,
 )
@@ -43,6 +44,7 @@ from .layout import (
     read_shards_manifest,
     shard_of,
     split_by_shard,
+    store_directories,
 )
 from .routing import NO_DBA, merge_labelled, merge_ranked, numbered, shard_queries
 
@@ -425,3 +427,11 @@ def open_index(directory: str | os.PathLike[str], **options: Any) -> IndexStore 
             "`vitrieval-index build --embeddings ... --shards N` again to resume it"
         )
     return IndexStore.open(directory, **options)
+
+
+def check_writable(out: Path) -> None:
+    """StoreError if another process (a running server) holds the writer lock of the
+    index in `out`, one store or every shard: checked before long work (a build's
+    embedding, a tune's measuring) that a refused save would waste."""
+    for directory in store_directories(out):
+        JournalOwner.check_free(directory)
