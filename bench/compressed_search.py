@@ -63,17 +63,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
-from machine import cpu_model, git, load_average  # bench/machine.py (scripts run from bench/)
+from machine import describe, load_average, work_directory  # bench/machine.py
 from search_qps import SEED, D, make_mixture
 from store_scale import (
     MEM,
@@ -81,6 +79,7 @@ from store_scale import (
     TopK,
     bench_milvus_factory,
     bench_milvus_insert,
+    chosen_factories,
     dir_bytes,
     id_of,
     key_of,
@@ -606,34 +605,18 @@ def main() -> None:
     names = args.factories or (
         "flat,ivf-flat,ivf-sq8,ivf-pq" if args.n <= 1_000_000 else "ivf-flat,ivf-sq8,ivf-pq"
     )
-    chosen = [s.strip() for s in names.split(",") if s.strip()]
-    unknown = [s for s in chosen if s not in specs]
-    if unknown:
-        ap.error(f"unknown factories {unknown}; choose from {', '.join(specs)}")
+    chosen = chosen_factories(names, specs, ap.error)
     use_milvus, why = milvus_usable(args.milvus_python)
     cold_ok = not args.no_cold and os.access(DROP_CACHES, os.W_OK)
-    info: Row = {
-        "cpu": cpu_model(),
-        "cores": CORES,
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "nice": os.nice(0),
-        "faiss": faiss.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "load_before": load_average(),
-        "cold": "drop_caches" if cold_ok else f"not measured ({DROP_CACHES} not writable or "
-        "--no-cold)",
-        "milvus": why if use_milvus else f"skipped: {why}",
-    }  # fmt: skip
+    cold = "drop_caches" if cold_ok else f"not measured ({DROP_CACHES} not writable or --no-cold)"
+    info: Row = describe(
+        faiss=faiss.__version__,
+        numpy=np.__version__,
+        cold=cold,
+        milvus=why if use_milvus else f"skipped: {why}",
+    )
     print("  ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
-    if args.workdir:
-        work = Path(args.workdir)
-        work.mkdir(parents=True, exist_ok=True)
-        if any(work.iterdir()):
-            ap.error(f"--workdir {work} is not empty")
-    else:
-        work = Path(tempfile.mkdtemp(prefix="compressed_search-"))
+    work = work_directory(args.workdir, "compressed_search", ap.error)
     info["free_disk_gb"] = round(shutil.disk_usage(work).free / 1e9)
     res: Row = {"n": args.n, "d": D, "k": K, "queries": args.queries, "machine": info,
                 "factories": {}}  # fmt: skip

@@ -53,19 +53,18 @@ import hashlib
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import faiss
 import numpy as np
-from machine import cpu_model, git, load_average  # bench/machine.py (scripts run from bench/)
+from machine import describe, git, load_average, work_directory  # bench/machine.py
 from search_qps import CLUSTERS, SEED, D, make_mixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,6 +73,15 @@ PART_ROWS = 100_000
 ADD_BATCH = 1000
 MILVUS_BATCH = 5000
 Row = dict[str, Any]
+
+
+def chosen_factories(names: str, specs: dict, refuse: Callable[[str], NoReturn]) -> list[str]:
+    """`--factories`' comma-separated names, each one of `specs` (else `refuse`)."""
+    chosen = [s.strip() for s in names.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in specs]
+    if unknown:
+        refuse(f"unknown factories {unknown}; choose from {', '.join(specs)}")
+    return chosen
 
 
 def nlist_for(n: int) -> int:
@@ -807,38 +815,24 @@ def main() -> None:
     if args.search_threads:
         faiss.omp_set_num_threads(args.search_threads)  # this thread only: not the merge's
     specs = factories(args.n)
-    names = args.factories or ("flat,ivf-flat,ivf-pq" if args.n <= 1_000_000 else "ivf-pq")
-    chosen = [s.strip() for s in names.split(",") if s.strip()]
-    unknown = [s for s in chosen if s not in specs]
-    if unknown:
-        ap.error(f"unknown factories {unknown}; choose from {', '.join(specs)}")
+    default = "flat,ivf-flat,ivf-pq" if args.n <= 1_000_000 else "ivf-pq"
+    chosen = chosen_factories(args.factories or default, specs, ap.error)
     use_milvus, why = milvus_usable(args.milvus_python)
-    info = {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "nice": os.nice(0),
-        "search_threads": args.search_threads or "default",
-        "faiss": faiss.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "load_before": load_average(),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "index/store": "modified"
-        if git("status", "--porcelain", "index/store")
-        else "as committed",
-        "milvus": why if use_milvus else f"skipped: {why}",
-    }
+    info = describe(
+        search_threads=args.search_threads or "default",
+        faiss=faiss.__version__,
+        numpy=np.__version__,
+        **{
+            "index/store": "modified"
+            if git("status", "--porcelain", "index/store")
+            else "as committed"
+        },
+        milvus=why if use_milvus else f"skipped: {why}",
+    )
     print("  ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
     if not use_milvus:
         print(f"Milvus Lite comparison skipped: {why}", flush=True)
-    if args.workdir:
-        work = Path(args.workdir)
-        work.mkdir(parents=True, exist_ok=True)
-        if any(work.iterdir()):
-            ap.error(f"--workdir {work} is not empty")
-    else:
-        work = Path(tempfile.mkdtemp(prefix="store_scale-"))
+    work = work_directory(args.workdir, "store_scale", ap.error)
     started = time.perf_counter()
     results: dict[str, Row] = {}
     try:
