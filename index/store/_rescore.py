@@ -34,14 +34,12 @@ def rescored(segment: Segment, queries: np.ndarray, candidates: Pairs, k: int) -
         ids[row, : len(found)] = [item for item, _ in found]
     wanted = np.unique(ids[ids >= 0])
     stored_ids, vectors = segment.exact_vectors(wanted)
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if stored_ids.size == 0:  # every candidate removed since: nothing left to rank
+        return [[] for _ in candidates]
     # each candidate's row in `vectors`; -1 (padding, or an item the segment no longer
     # holds) scores -inf and is dropped below
-    rows = np.searchsorted(stored_ids, ids).clip(max=max(stored_ids.size - 1, 0))
-    present = (ids >= 0) & (stored_ids.size > 0)
-    if stored_ids.size:
-        present &= stored_ids[rows] == ids
-    rows = np.where(present, rows, -1).astype(np.int64)
+    rows = np.minimum(np.searchsorted(stored_ids, ids), stored_ids.size - 1)
+    rows = np.where((ids >= 0) & (stored_ids[rows] == ids), rows, -1)
     scores = inner_products_by_row(queries, vectors, rows)
     results: Pairs = []
     for row in range(len(candidates)):
@@ -58,11 +56,11 @@ def inner_products_by_row(queries: np.ndarray, vectors: np.ndarray, rows: np.nda
     computed by FAISS's `fvec_inner_product`, the kernel an exhaustive "Flat" search
     uses for a few queries, so a re-scored item scores what a Flat index gives it."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
+    base = np.ascontiguousarray(vectors, dtype=np.float32)  # held while FAISS reads it
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     out = np.empty(rows.shape, dtype=np.float32)
     if rows.size == 0:
         return out
-    base = vectors if vectors.size else np.zeros((1, q.shape[1]), dtype=np.float32)
     faiss.fvec_inner_products_by_idx(
         faiss.swig_ptr(out),
         faiss.swig_ptr(q),
