@@ -115,8 +115,13 @@ def test_only_the_candidates_vectors_are_read(tmp_path, data, monkeypatch) -> No
     store = pq_store(tmp_path, x)
     [segment] = [s for s in store._state.serving() if s.live_count]
     asked: list[int] = []
-    real = segment.exact_vectors
-    monkeypatch.setattr(segment, "exact_vectors", lambda ids: asked.append(ids.size) or real(ids))
+    real = segment.exact_rows
+
+    def exact_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        asked.append(int((ids >= 0).sum()))
+        return real(ids)
+
+    monkeypatch.setattr(segment, "exact_rows", exact_rows)
     store.search(q[:1], K, oversample=3)
     assert asked == [K * 3]
 

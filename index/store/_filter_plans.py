@@ -71,6 +71,15 @@ def contains(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     return ids[at] == values
 
 
+def positions(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """int64 array shaped as `values`: each value's index in sorted `ids`, -1 where it
+    is not there."""
+    if ids.size == 0:
+        return np.full(values.shape, -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(ids, values), ids.size - 1)
+    return np.where(ids[at] == values, at, -1)
+
+
 def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Sorted unique union of two sorted unique id arrays."""
     if a.size == 0 or b.size == 0:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ._filter_plans import positions
 from ._items import Hit, ItemRecord, ItemTable, Row
 from ._vectors import VectorIndex
 from .filters import Match, Range
@@ -119,6 +120,12 @@ class MemorySegment:
     def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`."""
         return self.items.vectors_of(ids, self.vectors.cpu.d)
+
+    def exact_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(float32 (m, dim) vectors of the held items among `ids`, read from the item
+        table, int64 rows shaped as `ids`: each id's row in them, -1 where not held)."""
+        found, vectors = self.exact_vectors(np.unique(ids[ids >= 0]))
+        return vectors, positions(found, ids)
 
     def dead_ids(self) -> np.ndarray:
         return np.fromiter(sorted(self.tombstones), dtype=np.int64, count=len(self.tombstones))

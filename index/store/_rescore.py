@@ -22,25 +22,20 @@ Pairs = list[list[tuple[int, float]]]
 """Per query, (item id, score) pairs best first."""
 
 
-def rescored(segment: Segment, queries: np.ndarray, candidates: Pairs, k: int) -> Pairs:
-    """Each query's `candidates` (from the segment's codes) ranked by their exact
-    scores <q, x> against the segment's stored vectors: per query of float32 (q, d)
-    `queries`, its top `k` (id, exact score), ties by ascending id."""
-    width = max((len(row) for row in candidates), default=0)
+def rescored(segment: Segment, queries: np.ndarray, candidates: list[np.ndarray], k: int) -> Pairs:
+    """Each query's `candidates` (int64 item ids from the segment's codes) ranked by
+    their exact scores <q, x> against the segment's stored vectors: per query of
+    float32 (q, d) `queries`, its top `k` (id, exact score), ties by ascending id."""
+    width = max((row.size for row in candidates), default=0)
     if width == 0:
         return [[] for _ in candidates]
     ids = np.full((len(candidates), width), -1, dtype=np.int64)
     for row, found in enumerate(candidates):
-        ids[row, : len(found)] = [item for item, _ in found]
-    wanted = np.unique(ids[ids >= 0])
-    stored_ids, vectors = segment.exact_vectors(wanted)
-    if stored_ids.size == 0:  # every candidate removed since: nothing left to rank
-        return [[] for _ in candidates]
-    # each candidate's row in `vectors`; -1 (padding, or an item the segment no longer
-    # holds) scores -inf and is dropped below
-    rows = np.minimum(np.searchsorted(stored_ids, ids), stored_ids.size - 1)
-    rows = np.where((ids >= 0) & (stored_ids[rows] == ids), rows, -1)
-    scores = inner_products_by_row(queries, vectors, rows)
+        ids[row, : found.size] = found
+    # each candidate's row in the stored vectors; -1 (padding, or an item the segment
+    # no longer holds) scores -inf and is dropped below
+    base, rows = segment.exact_rows(ids)
+    scores = inner_products_by_row(queries, base, rows)
     results: Pairs = []
     for row in range(len(candidates)):
         keep = rows[row] >= 0

@@ -41,7 +41,7 @@ from ..atomic import atomic_path
 from . import _columns as cl
 from . import _field_index as fx
 from . import manifest as mf
-from ._filter_plans import contains, leaf_ids
+from ._filter_plans import leaf_ids, positions
 from ._items import ItemRecord
 from ._mapped_vectors import MappedVectors
 from ._memory_segment import SegmentRow
@@ -295,17 +295,22 @@ class SealedSegment:
     def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, float32 (m, dim) stored vectors) of the segment's items among `ids`
         (sorted int64)."""
+        base, rows = self.exact_rows(ids)
+        held = rows >= 0
+        return ids[held], np.asarray(base[rows[held]], dtype=np.float32).reshape(-1, self.dim)
+
+    def exact_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the memory-mapped float32 (rows, dim) vectors file itself, int64 rows shaped
+        as `ids`: each id's row in it, -1 where the segment does not hold it). No row
+        is read here: a caller reads only the rows it scores."""
         row_ids = self.row_ids()
         first = int(row_ids[0]) if row_ids.size else 0
         if row_ids.size and int(row_ids[-1]) - first + 1 == row_ids.size:
             # one unbroken id range (a segment sealed from one run of adds, the usual
             # case): an item's row is its id less the first, no search over the rows
-            found = ids[(ids >= first) & (ids < first + row_ids.size)]
-            positions = found - first
-        else:
-            found = ids[contains(row_ids, ids)]
-            positions = np.searchsorted(row_ids, found)
-        return found, np.asarray(self._raw[positions], dtype=np.float32).reshape(-1, self.dim)
+            rows = ids - first
+            return self._raw, np.where((rows >= 0) & (rows < row_ids.size), rows, -1)
+        return self._raw, positions(row_ids, ids)
 
     def row_ids(self) -> np.ndarray:
         """Item ids in row order (sorted: rows are in id order, tombstoned ones too),

@@ -164,8 +164,8 @@ def _segment_top_k(
     def searched(allowed: np.ndarray | None, blocked: np.ndarray, widen: float = 1.0) -> Pairs:
         if oversample is None:
             return index.top_k(q, k, allowed=allowed, blocked=blocked, widen=widen)
-        wide = index.top_k(q, k * oversample, allowed=allowed, blocked=blocked, widen=widen)
-        return rescored(segment, q, wide, k)
+        wide = index.top_k_arrays(q, k * oversample, allowed=allowed, blocked=blocked, widen=widen)
+        return rescored(segment, q, [ids for ids, _ in wide], k)
 
     if flt is None:
         return searched(None, blocked)

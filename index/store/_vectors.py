@@ -383,7 +383,22 @@ class VectorIndex:
         wider than its own nprobe / efSearch an IVF or HNSW search looks (a filter's
         1 / selectivity, _filter_plans.py).
         """
-        results: list[list[tuple[int, float]]] = [[] for _ in range(len(queries))]
+        found = self.top_k_arrays(queries, k, allowed=allowed, blocked=blocked, widen=widen)
+        return [list(zip(ids.tolist(), scores.tolist(), strict=True)) for ids, scores in found]
+
+    def top_k_arrays(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        allowed: np.ndarray | None,
+        blocked: np.ndarray,
+        widen: float = 1.0,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`top_k` as arrays: per query, int64 (m,) ids and float32 (m,) scores, m <= k,
+        in the same order (what re-scoring reads, with no Python pair per candidate)."""
+        none = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
+        results = [none] * len(queries)
         if allowed is not None:
             allowed = difference(allowed, blocked)
             if allowed.size == 0:
@@ -399,11 +414,11 @@ class VectorIndex:
             kept = keep(ids) & (ids >= 0)
             unfinished = []
             for row, query in enumerate(pending):
-                done, hits = _finish_row(scores[row], ids[row], kept[row], k, fetch, self.ntotal)
-                if done:
-                    results[query] = hits
-                else:
+                hits = _finish_row(scores[row], ids[row], kept[row], k, fetch, self.ntotal)
+                if hits is None:
                     unfinished.append(query)
+                else:
+                    results[query] = hits
             pending = np.asarray(unfinished, dtype=np.int64)
             fetch = min(self.ntotal, fetch * 2)
         return results
@@ -465,8 +480,8 @@ def _id_selector(ids: np.ndarray) -> Selector:
 
 def _finish_row(
     scores: np.ndarray, ids: np.ndarray, kept: np.ndarray, k: int, fetch: int, ntotal: int
-) -> tuple[bool, list[tuple[int, float]]]:
-    """Whether one query's top k is settled by these `fetch` candidates, and the hits.
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """One query's top k (ids, scores) when these `fetch` candidates settle it, else None.
 
     Settled when the index had nothing more to give (fewer valid results than asked,
     or everything fetched), or when the lowest fetched score is strictly below the
@@ -480,5 +495,5 @@ def _finish_row(
     exhausted = fetch >= ntotal or int(valid.sum()) < fetch
     settled = len(kept_ids) == k and float(scores[valid].min()) < float(kept_scores[-1])
     if not (exhausted or settled):
-        return False, []
-    return True, list(zip(kept_ids.tolist(), kept_scores.tolist(), strict=True))
+        return None
+    return kept_ids, kept_scores

@@ -72,6 +72,12 @@ class Segment(Protocol):
         holds."""
         ...
 
+    def exact_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(float32 (r, dim) stored vectors, int64 rows shaped as int64 `ids`: each id's
+        row in them, -1 for an id it does not hold). Sealed: the mapped file itself,
+        nothing copied, so a re-scoring reads only the rows it scores."""
+        ...
+
     def dead_ids(self) -> np.ndarray:
         """Sorted int64 (t,) tombstoned ids."""
         ...
