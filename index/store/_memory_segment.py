@@ -201,4 +201,5 @@ class MemorySegment:
 def hit(row: tuple[str, str | None, str | None, str], score: float) -> Hit:
     """A search result from a described row (key, label, path, metadata JSON)."""
     key, label, path, metadata = row
-    return Hit(key, score, label, path, json.loads(metadata))
+    # most catalogues' items carry no metadata: skip the JSON parser for those
+    return Hit(key, score, label, path, {} if metadata == "{}" else json.loads(metadata))

@@ -115,6 +115,7 @@ class SealedSegment:
         self.live_count = entry.rows - len(self.committed_tombstones)
         self.damaged: str | None = None  # why a verification failed: out of service
         # what each file was when opened: a search stats them first (changed_on_disk)
+        self._folder = str(directory)
         self._identity = {name: file_identity(directory / name) for name in entry.listed_files()}
 
     # -- opening ---------------------------------------------------------------------
@@ -195,8 +196,9 @@ class SealedSegment:
         replaced: their size, inode, device or mtime differ), or None. A stat a file:
         searches call it first, as a memory-mapped file truncated under FAISS would
         kill the process (SIGBUS) at the next read of a page past its new end."""
+        folder = self._folder  # a string join: a Path per file per search costs more
         for name, seen in list(self._identity.items()):
-            path = self.directory / name
+            path = os.path.join(folder, name)
             try:
                 now = file_identity(path)
             except FileNotFoundError:
@@ -389,7 +391,7 @@ class SealedSegment:
         self._mapped = None
 
 
-def file_identity(path: Path) -> tuple[int, int, int, int]:
+def file_identity(path: str | Path) -> tuple[int, int, int, int]:
     """(device, inode, size, mtime in ns) of `path`: what changes when a file is
     replaced, truncated or rewritten."""
     st = os.stat(path)
