@@ -45,6 +45,11 @@ store_scale.py's `TopK`, fed part by part):
   recall@10, RSS after open, disk bytes per vector; beside the store's figures on the
   same queries. Without it, or if it fails, the reason is printed and recorded.
 
+- `--target-recall R` (default 0.95; 0 skips it): each compressed index tuned to R
+  as `vitrieval-index tune` tunes it (index/tuning.py: recall on the index's own items,
+  a held-out half beside), then the chosen setting's recall@10 on the bench's queries,
+  a fresh sample from the mixture that the tuning never saw.
+
 The machine is shared: run it under `nice -n 10`; load averages are recorded before and
 after every factory. Results go to stdout as Markdown tables and to `--json OUT`
 (rewritten after every factory, so a stopped run keeps what it measured). Disk: the
@@ -57,6 +62,7 @@ Run:  .venv/bin/python bench/compressed_search.py --n 1000000 --json out.json
       [--factories flat,ivf-flat,ivf-sq8,ivf-pq] [--queries 1000] [--workdir DIR] [--keep]
       [--oversamples 1,2,4,8,16,32,64] [--nprobe-factor 2] [--rss-searches 10000]
       [--milvus-python /path/to/venv/bin/python] [--no-cold] [--no-refine]
+      [--target-recall 0.95]
 """
 
 from __future__ import annotations
@@ -367,6 +373,38 @@ def measure_store(
     return out
 
 
+# -- building to a target recall -------------------------------------------------------
+
+
+def measure_tuning(index: Path, data: dict[str, Any], target: float) -> Row:
+    """`vitrieval-index tune INDEX --target-recall R` through the Python API (index/tuning.py:
+    recall measured on the index's own items), then the chosen setting's recall@10 on
+    the bench's queries: a fresh sample, drawn from the mixture, not from the index."""
+    from vitrieval.index.store import IndexStore
+    from vitrieval.index.tuning import tune
+
+    store = IndexStore.open(index)
+    try:
+        t0 = time.perf_counter()
+        entry = tune(store, target, report=lambda line: print(f"    {line}", flush=True))
+        seconds = time.perf_counter() - t0
+        fresh = single_pass(store_searcher(store, True, None), data["queries"], data["exact"])
+    finally:
+        store.close()
+    row = {"target_recall": target, "tune_s": seconds, "chosen": entry.params,
+           "tuning_recall": entry.recall, "held_out_recall": entry.held_out_recall,
+           "expected_latency_ms": entry.latency_ms, "fresh_recall": fresh["recall@10"],
+           "fresh_p50_ms": fresh["p50_ms"], "fresh_p99_ms": fresh["p99_ms"]}  # fmt: skip
+    print(
+        f"  tuned to recall {target} in {seconds:.0f} s: {entry.params}, recall@10 "
+        f"{entry.recall:.4f} (held out {entry.held_out_recall:.4f}); on the bench's fresh "
+        f"queries {fresh['recall@10']:.4f}, p50/p99 {fresh['p50_ms']:.2f}/"
+        f"{fresh['p99_ms']:.2f} ms",
+        flush=True,
+    )
+    return row
+
+
 # -- FAISS IndexRefineFlat --------------------------------------------------------------
 
 
@@ -548,6 +586,20 @@ def markdown(res: Row) -> str:
                 rows,
             ),
         ]  # fmt: skip
+    tuned = [(r["factory"], r["tuned"]) for r in facs.values() if "tuned" in r]
+    if tuned:
+        parts += [
+            "",
+            table(
+                ["factory", "target recall@10", "chosen", "tuning recall (own items)",
+                 "held-out recall (own items)", "recall on the bench's fresh queries",
+                 "fresh p50 / p99 ms", "tune s"],
+                [[f, str(t["target_recall"]), str(t["chosen"]), f"{t['tuning_recall']:.4f}",
+                  f"{t['held_out_recall']:.4f}", f"{t['fresh_recall']:.4f}",
+                  f"{f2(t['fresh_p50_ms'])} / {f2(t['fresh_p99_ms'])}", f"{t['tune_s']:.0f}"]
+                 for f, t in tuned],
+            ),
+        ]  # fmt: skip
     milvus = res.get("milvus", {})
     if milvus.get("index_type"):
         mq = milvus["queries"]
@@ -619,6 +671,9 @@ def main() -> None:
     ap.add_argument("--milvus-python", default=None, help="a Python with pymilvus + milvus-lite")
     ap.add_argument("--milvus-index", default="IVF_SQ8")
     ap.add_argument("--milvus-queries", type=int, default=200)
+    ap.add_argument("--target-recall", type=float, default=0.95,
+                    help="tune each compressed index to it, then check on the bench's "
+                    "queries (0: skip)")  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.oversamples = sorted({int(o) for o in args.oversamples.split(",") if o.strip()})
@@ -662,6 +717,8 @@ def main() -> None:
             row |= measure_store(name, index, data, args, cold_ok)
             if name == "ivf-pq" and not args.no_refine and args.n <= 1_000_000:
                 row["refine"] = measure_refine(index, work, data, row)
+            if row["compressed"] and args.target_recall:
+                row["tuned"] = measure_tuning(index, data, args.target_recall)
             row["load_after"] = load_average()
             write_json(res, args.json)
             if not args.keep:
