@@ -13,10 +13,12 @@ vectors.
 - `search_fused`: several query images as one query (`vitrieval.index.fusion`): `mean` searches
   the mean of their embeddings; `max` searches each image and merges by max score.
 
-Every function takes the same `rescore` and `oversample` (how a compressed segment
-ranks its candidates: `vitrieval.index.store.request.Query`) and hands them to the one
-`Query` that `search` builds; alpha-QE's first search is a copy of it, so it re-scores
-as the final search does.
+Every function takes the same shaping options, `Query`'s fields besides the vectors
+and k (`vitrieval.index.store.request.SHAPING`: `rescore` and `oversample`, how a
+compressed segment ranks its candidates; `offset` and `score_threshold`, which part of
+the ranking comes back), and hands them to the one `Query` that `search` builds;
+alpha-QE's first search is a copy of it without the page, so it re-scores as the final
+search does and expands with the true top n.
 """
 
 from __future__ import annotations
@@ -76,19 +78,14 @@ async def search(
     *,
     where: Where | None = None,
     rerank: AQE | None = None,
-    rescore: bool = True,
-    oversample: int | None = None,
+    **shaping: Any,
 ) -> Ranked:
     """Each row of float32 (q, d) `queries` searched for its top k, as ranked hits;
-    with `rerank`, alpha-QE first (module docstring). `rescore` and `oversample`: how
-    compressed segments rank their candidates (`Query`; a StoreError when invalid)."""
-    query = Query(
-        np.asarray(queries, dtype=np.float32),
-        k,
-        where or Where(),
-        rescore=rescore,
-        oversample=oversample,
-    )
+    with `rerank`, alpha-QE first (module docstring). `shaping`: `Query`'s `rescore`,
+    `oversample` (how compressed segments rank their candidates), `offset` and
+    `score_threshold` (which part of the ranking comes back); a StoreError when
+    invalid."""
+    query = Query(np.asarray(queries, dtype=np.float32), k, where or Where(), **shaping)
     if rerank is not None:
         query = query.replace(vectors=await expand(index, query, rerank))
     return await index.ranked_search(query)
@@ -99,7 +96,8 @@ async def expand(index: Index, query: Query, aqe: AQE) -> np.ndarray:
     vectors -> the expanded float32 (q, d) queries. A query with fewer hits expands
     with those it has."""
     queries = query.vectors
-    rows = await index.ranked_search(query.replace(k=aqe.neighbours))
+    first = query.replace(k=aqe.neighbours, offset=0, score_threshold=None)
+    rows = await index.ranked_search(first)
     keys = list(dict.fromkeys(hit.key for row in rows for _, hit in row))
     stored = dict(zip(keys, await index.vectors(keys) if keys else [], strict=True))
     n, d = aqe.neighbours, queries.shape[1]
@@ -122,35 +120,36 @@ async def search_fused(
     fusion: Fusion = DEFAULT_FUSION,
     where: Where | None = None,
     rerank: AQE | None = None,
-    rescore: bool = True,
-    oversample: int | None = None,
+    **shaping: Any,
 ) -> list[tuple[int, Hit]]:
     """The float32 (m, d) embeddings of m query images as one query -> its ranked top k.
     `mean` searches their normalised mean; `max` each of them (each expanded on its
-    own with `rerank`), merged by max score (index.fusion). `rescore` and `oversample`
-    as for `search`."""
+    own with `rerank`) to the page's depth, merged by max score (index.fusion), then
+    cut to the page. `shaping` as for `search`."""
     if fusion not in FUSIONS:
         raise FusionError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
     x = np.asarray(vectors, dtype=np.float32)
     if len(x) > 1 and fusion == "mean":
         x = fuse_mean(x)[None, :]
-    rows = await search(
-        index, x, k, where=where, rerank=rerank, rescore=rescore, oversample=oversample
-    )
-    return rows[0] if len(rows) == 1 else merge_max(rows, k)
+    if len(x) == 1:
+        return (await search(index, x, k, where=where, rerank=rerank, **shaping))[0]
+    page = Query(x, k, where or Where(), **shaping)  # checked once; cuts the merged page
+    whole = {**shaping, "offset": 0}
+    rows = await search(index, x, page.depth, where=where, rerank=rerank, **whole)
+    return page.page([merge_max(rows, page.depth)])[0]
 
 
 def search_store(store: Any, queries: np.ndarray, k: int, **options: Any) -> Ranked:
-    """`search` (its `where`, `rerank`, `rescore` and `oversample` options) on an
-    opened store, for synchronous callers (the command line)."""
+    """`search` (its `where`, `rerank` and shaping options) on an opened store, for
+    synchronous callers (the command line)."""
     return asyncio.run(search(LocalIndex(store), queries, k, **options))
 
 
 def search_store_fused(
     store: Any, vectors: np.ndarray, k: int, **options: Any
 ) -> list[tuple[int, Hit]]:
-    """`search_fused` (its `fusion`, `where`, `rerank`, `rescore` and `oversample`
-    options) on an opened store, for synchronous callers."""
+    """`search_fused` (its `fusion`, `where`, `rerank` and shaping options) on an
+    opened store, for synchronous callers."""
     return asyncio.run(search_fused(LocalIndex(store), vectors, k, **options))
 
 
@@ -166,6 +165,8 @@ def search_index(
     fusion: Fusion | None = None,
     rescore: bool = True,
     oversample: int | None = None,
+    offset: int = 0,
+    score_threshold: float | None = None,
 ) -> list[list[Hit]]:
     """The Python API's search (`vitrieval.search`) on an opened index (`open_index`).
 
@@ -176,11 +177,14 @@ def search_index(
     `rerank=AQE(...)` re-ranks with alpha query expansion. On an index that scores
     from compressed codes (PQ, SQ), each segment ranks its `oversample` x k best
     candidates again by their exact vectors (1 to MAX_OVERSAMPLE; None: the index's
-    setting) unless `rescore=False`; Flat, IVF-Flat and HNSW-Flat indexes ignore both."""
+    setting) unless `rescore=False`; Flat, IVF-Flat and HNSW-Flat indexes ignore both.
+    `offset` skips the best hits (pages of k: ranks offset + 1 to offset + k; k +
+    offset at most MAX_DEPTH); hits scoring below `score_threshold` are left out."""
     x = np.asarray(queries, dtype=np.float32)
     x = x[None, :] if x.ndim == 1 else x
     where = Where(label=label, filter=filter, exclude_keys=exclude_keys)
-    options = {"where": where, "rerank": rerank, "rescore": rescore, "oversample": oversample}
+    options = {"where": where, "rerank": rerank, "rescore": rescore, "oversample": oversample,
+               "offset": offset, "score_threshold": score_threshold}  # fmt: skip
     if fusion is not None:
         rows = [search_store_fused(index, x, k, fusion=fusion, **options)]
     else:

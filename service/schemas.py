@@ -19,7 +19,7 @@ from vitrieval.index.store.filters import (
     int64_message,
     parse_filter,
 )
-from vitrieval.index.store.request import DEFAULT_OVERSAMPLE, MAX_OVERSAMPLE
+from vitrieval.index.store.request import DEFAULT_OVERSAMPLE, MAX_DEPTH, MAX_OVERSAMPLE, SHAPING
 
 from .text import (
     MAX_KEY_LENGTH,
@@ -168,6 +168,22 @@ class SearchRequest(Strict):
         "multiple of k (default: the index's setting, from `vitrieval-index configure "
         f"--oversample`, else {DEFAULT_OVERSAMPLE})",
     )
+    offset: int = Field(
+        0,
+        ge=0,
+        le=MAX_DEPTH - 1,
+        description="skip this many of the best hits: the answer is ranks offset + 1 to "
+        f"offset + k (pages of k; k + offset at most {MAX_DEPTH})",
+    )
+    score_threshold: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="leave out hits scoring below it (the answer may hold fewer than k)",
+    )
+
+    def shaping(self) -> dict[str, Any]:
+        """The request's re-scoring and paging fields, as `Query` takes them."""
+        return {name: getattr(self, name) for name in SHAPING}
 
 
 class EmbedRequest(Strict):

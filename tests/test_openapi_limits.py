@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
-from vitrieval.index.store.request import MAX_OVERSAMPLE
+from vitrieval.index.store.request import MAX_DEPTH, MAX_OVERSAMPLE
 from vitrieval.service.app import create_app
 from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
 from vitrieval.service.routers.evaluate import EVALUATE_BODY
@@ -57,6 +57,7 @@ RERANK_N = {"minimum": 1, "maximum": MAX_AQE_NEIGHBOURS}
 RERANK_ALPHA = {"minimum": 0, "maximum": MAX_AQE_ALPHA}
 IMAGES = {"minItems": 1, "maxItems": MAX_QUERY_IMAGES}
 OVERSAMPLE = {"minimum": 1, "maximum": MAX_OVERSAMPLE}
+OFFSET = {"minimum": 0, "maximum": MAX_DEPTH - 1}
 
 EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "/v1/search": {
@@ -68,6 +69,7 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "rerank.alpha": RERANK_ALPHA,
             "vector": VECTOR,
             "oversample": OVERSAMPLE,
+            "offset": OFFSET,
         },
         MULTIPART: {
             "image": IMAGES,
@@ -76,6 +78,7 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "rerank.n": RERANK_N,
             "rerank.alpha": RERANK_ALPHA,
             "oversample": OVERSAMPLE,
+            "offset": OFFSET,
         },
         URLENCODED: {
             "k": K,
@@ -83,6 +86,7 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "rerank.n": RERANK_N,
             "rerank.alpha": RERANK_ALPHA,
             "oversample": OVERSAMPLE,
+            "offset": OFFSET,
         },
     },
     "/v1/items": {

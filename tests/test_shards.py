@@ -152,6 +152,15 @@ def test_a_flat_sharded_index_answers_as_one_store(tmp_path, tied):
         one.search(queries, 9, exclude_keys=excluded),
         sharded.search(queries, 9, exclude_keys=excluded),
     )
+    # pages and thresholds: each shard's top k + offset, merged, then cut (ties across
+    # shards included)
+    for offset in (2, 15, 33):
+        same_hits(one.search(queries, 6, offset=offset), sharded.search(queries, 6, offset=offset))
+    low = float(np.median([row[6].score for row in one.search(queries, 12)]))
+    same_hits(
+        one.search(queries, 9, offset=3, score_threshold=low),
+        sharded.search(queries, 9, offset=3, score_threshold=low),
+    )
     # ties are there, and ordered by insertion (file order), not by key
     top = sharded.search(x[:1], 5)[0]
     assert len({h.score for h in top}) == 1 and [h.key for h in top] != sorted(h.key for h in top)

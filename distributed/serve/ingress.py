@@ -111,7 +111,7 @@ class RemoteIndex:
             remote(handle.ranked_search.remote(part), f"index shard {n}")
             for n, (handle, part) in enumerate(zip(self.shards, each, strict=True))
         ]
-        return merge_ranked(_raise_failure(await asyncio.gather(*calls)), query.k)
+        return merge_ranked(_raise_failure(await asyncio.gather(*calls)), query)
 
     async def vectors(self, keys: Sequence[str]) -> list[np.ndarray | None]:
         keys = list(keys)

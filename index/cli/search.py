@@ -3,7 +3,8 @@
 Each query image is its own query, or with --fuse all of them are one (index/fusion.py);
 --filter narrows the hits by metadata (index/store/filters.py) and --rerank aqe re-ranks them
 (alpha query expansion); --oversample and --no-rescore set how a compressed index re-scores
-its candidates (index/store/_rescore.py). What follows the embedding is
+its candidates (index/store/_rescore.py); --offset and --score-threshold which part of
+the ranking is printed. What follows the embedding is
 `vitrieval.index.query`, as the HTTP service runs it.
 """
 
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..fusion import FUSIONS
 from ..rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
-from ..store.request import DEFAULT_OVERSAMPLE, MAX_OVERSAMPLE
+from ..store.request import DEFAULT_OVERSAMPLE, MAX_DEPTH, MAX_OVERSAMPLE
 from .arguments import ArgumentAdder, Subcommands
 from .common import (
     add_runtime_options,
@@ -74,6 +75,19 @@ def add_search_command(sub: Subcommands) -> None:
         f"(default {DEFAULT_AQE_ALPHA:g}; 0 is a plain average)",
     )
     add_rescore_options(search)
+    search.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"skip the N best hits: print ranks N + 1 to N + k (k + N at most {MAX_DEPTH})",
+    )
+    search.add_argument(
+        "--score-threshold",
+        type=float,
+        metavar="S",
+        help="leave out hits scoring below S (a query may then print fewer than k)",
+    )
     search.add_argument("--model", help="override the index's model (same fingerprint only)")
     search.add_argument("--json", action="store_true")
     add_runtime_options(search)
@@ -107,6 +121,12 @@ def rescore_options(args: argparse.Namespace) -> dict[str, Any]:
     if oversample is not None and not args.rescore:
         raise ValueError("--oversample sets how many candidates are re-scored: drop --no-rescore")
     return {"rescore": args.rescore, "oversample": oversample}
+
+
+def shaping_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`rescore_options` and the page: --offset and --score-threshold (checked by the
+    search's `Query`, a StoreError naming the limit)."""
+    return rescore_options(args) | {"offset": args.offset, "score_threshold": args.score_threshold}
 
 
 def read_filter(text: str | None) -> Filter | None:
@@ -171,7 +191,7 @@ def search_command(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise ValueError("-k must be at least 1")
-    scoring = rescore_options(args)
+    scoring = shaping_options(args)
     where = Where(label=args.label, filter=read_filter(args.filter), augmented=args.rerank == "dba")
     rerank = _rerank(args)
     store, model = open_index_with_model(Path(args.index), args.model)
@@ -225,6 +245,6 @@ def search_command(args: argparse.Namespace) -> int:
     for query, hits in zip(queries, results, strict=True):
         print(f"{' + '.join(query)} ({args.fuse} of {len(query)})" if args.fuse else query)
         print(f"  {'rank':>4}  {'score':>7}  {'label':<16}  key")
-        for rank, hit in enumerate(hits, 1):
+        for rank, hit in enumerate(hits, args.offset + 1):
             print(f"  {rank:>4}  {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
     return 0

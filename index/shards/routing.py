@@ -44,6 +44,7 @@ def shard_queries(query: Query, shards: int, directory: Path, sharded: bool = Tr
     store served as one shard (`sharded` False) answers it itself."""
     if query.where.augmented and sharded:
         raise no_dba_error(directory)
+    query = query.unpaged()  # each shard's top k + offset; the merge cuts the page
     exclude = list(query.where.exclude_keys)
     if not exclude:
         return [query] * shards
@@ -68,18 +69,17 @@ def in_key_order(
     return out
 
 
-def merge_ranked(per_shard: Sequence[Sequence[Sequence[tuple[int, Hit]]]], k: int) -> Ranked:
-    """Each shard's ranked top k (per query, `IndexStore.ranked_search`'s answer) merged
-    into one top k per query: descending score, equal scores by ascending item id (ids
-    are numbered across the shards, so this is the order one store would give)."""
+def merge_ranked(per_shard: Sequence[Sequence[Sequence[tuple[int, Hit]]]], query: Query) -> Ranked:
+    """Each shard's ranked top k + offset (per query, the answer to `shard_queries`'
+    query) merged into `query`'s page: descending score, equal scores by ascending item
+    id (ids are numbered across the shards, so this is the order one store would give)."""
     merged: Ranked = [[] for _ in range(len(per_shard[0]) if per_shard else 0)]
     for found in per_shard:
         for row, hits in zip(merged, found, strict=True):
             row.extend(hits)
     for row in merged:
         row.sort(key=lambda pair: (-pair[1].score, pair[0]))
-        del row[k:]
-    return merged
+    return query.page(merged)
 
 
 def merge_labelled(

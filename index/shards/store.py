@@ -280,7 +280,7 @@ class ShardedStore:
         query = query.replace(vectors=as_matrix(query.vectors, self.dim, "queries"))
         each = shard_queries(query, len(self.shards), self.directory)
         found = [shard.ranked_search(q) for shard, q in zip(self.shards, each, strict=True)]
-        return merge_ranked(found, query.k)
+        return merge_ranked(found, query)
 
     def search(
         self, queries: np.ndarray | Query, k: int | None = None, **where: Any

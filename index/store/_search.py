@@ -36,8 +36,9 @@ def as_filter(raw: Filter | Mapping[str, Any] | None, label: str | None) -> Filt
 
 def ranked_search(state: StoreState, query: Query) -> Ranked:
     """`IndexStore.search`, each hit with its item id (what orders equal scores); k,
-    the label and the filter were checked when `query` was made (request.py)."""
-    k, exclude_keys, augmented = query.k, query.where.exclude_keys, query.where.augmented
+    the label and the filter were checked when `query` was made (request.py). Every
+    segment gives its top k + offset; the merged ranking is cut to the query's page."""
+    k, exclude_keys, augmented = query.depth, query.where.exclude_keys, query.where.augmented
     if augmented and state.dba is None:
         how = "compute them with `vitrieval-index configure {} --dba`"
         raise StoreError(
@@ -47,7 +48,7 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
     q = as_matrix(query.vectors, state.dim, "queries")
     flt = query.where.allowed
     if augmented:
-        return _augmented_search(state, q, int(k), flt, exclude_keys)
+        return query.page(_augmented_search(state, q, int(k), flt, exclude_keys))
     merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
     oversample = query.oversample or state.oversample or DEFAULT_OVERSAMPLE
     with state.lock:
@@ -71,7 +72,7 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
             for segment in {id(s): s for _, _, s in top}.values():
                 described.update(segment.describe([i for _, i, s in top if s is segment]))
             results.append([(i, hit(described[i], score)) for score, i, _ in top])
-    return results
+    return query.page(results)
 
 
 def _augmented_search(

@@ -4,7 +4,8 @@
 Every index (`IndexStore`, `ShardedStore`, the Ray `RemoteIndex`; the contract is
 index/contract.py) takes a search as a `Query`, so a search parameter is declared
 and checked here once: k, the label, the parsed filter, the keys left out, the DBA
-flag, and how compressed segments re-score (`rescore`, `oversample`, _rescore.py). A
+flag, how compressed segments re-score (`rescore`, `oversample`, _rescore.py), and
+which part of the ranking comes back (`offset`, `score_threshold`). A
 later parameter is a new field here, not a new argument in every
 implementation. The filter is parsed when the `Where` is made (from decoded JSON, or
 given parsed) and travels parsed: to the store, to every shard, and pickled as it is
@@ -15,6 +16,7 @@ and 64-bit integers apart exactly).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,11 @@ on. 32 is the smallest value that takes PQ codes past 0.98."""
 MAX_OVERSAMPLE = 64
 """The most a query may oversample: 64 x k candidates per segment; past that an IVF
 search's own nprobe, not the candidate count, limits recall."""
+
+MAX_DEPTH = 10_000
+"""The deepest a search reads into the ranking: k + offset at most. Every segment (and
+shard) returns its own top k + offset before they are merged, so the depth costs each
+of them; past it, `scroll` lists a filtered selection in key order."""
 
 Ranked = list[list[tuple[int, Hit]]]
 """Per query, its hits best first, each with its item id (what orders equal scores)."""
@@ -79,13 +86,21 @@ class Query:
     ranks its candidates again by their exact stored vectors (_rescore.py); Flat,
     IVF-Flat and HNSW-Flat segments score exactly and ignore it. `oversample`: how many
     candidates it takes from its codes, as a multiple of k (1 to MAX_OVERSAMPLE; None:
-    the index's own setting, else DEFAULT_OVERSAMPLE)."""
+    the index's own setting, else DEFAULT_OVERSAMPLE).
+
+    `offset`: the hits before it are skipped, so the answer is ranks offset + 1 to
+    offset + k of the whole ranking (pages of k; k + offset at most MAX_DEPTH).
+    `score_threshold`: hits scoring below it are left out (an answer may then hold
+    fewer than k). An index runs a paged query as `unpaged()` and cuts the merged
+    ranking with `page`."""
 
     vectors: np.ndarray
     k: int
     where: Where = Where()
     rescore: bool = True
     oversample: int | None = None
+    offset: int = 0
+    score_threshold: float | None = None
 
     def __post_init__(self) -> None:
         k = self.k
@@ -97,6 +112,36 @@ class Query:
         object.__setattr__(self, "rescore", bool(self.rescore))
         if self.oversample is not None:
             object.__setattr__(self, "oversample", checked_oversample(self.oversample))
+        offset = self.offset
+        if not isinstance(offset, int | np.integer) or isinstance(offset, bool) or offset < 0:
+            raise StoreError(f"offset must be an integer >= 0, got {offset!r}")
+        object.__setattr__(self, "offset", int(offset))
+        if self.k + self.offset > MAX_DEPTH:
+            raise StoreError(
+                f"k + offset must be at most {MAX_DEPTH}, got {self.k + self.offset}: "
+                "page deeper with a filter, or list the items with scroll"
+            )
+        if self.score_threshold is not None:
+            object.__setattr__(self, "score_threshold", checked_threshold(self.score_threshold))
+
+    @property
+    def depth(self) -> int:
+        """How far down the ranking the query reads: k + offset."""
+        return self.k + self.offset
+
+    def unpaged(self) -> Query:
+        """The query each segment or shard runs: its top `depth`, no offset (the score
+        threshold kept: a hit below it is below it everywhere)."""
+        return self if not self.offset else self.replace(k=self.depth, offset=0)
+
+    def page(self, ranked: Ranked) -> Ranked:
+        """`ranked` (per query, the merged top `depth`, best first) cut to this query's
+        page: ranks offset + 1 to offset + k, less the hits below the threshold."""
+        low = self.score_threshold
+        return [
+            [pair for pair in row[self.offset : self.depth] if low is None or pair[1].score >= low]
+            for row in ranked
+        ]
 
     @classmethod
     def of(cls, query: Query | np.ndarray, k: int | None = None, **where: Any) -> Query:
@@ -109,17 +154,31 @@ class Query:
             return query
         if k is None:
             raise TypeError("a search of vectors needs k")
-        scoring = {name: where.pop(name) for name in ("rescore", "oversample") if name in where}
+        scoring = {name: where.pop(name) for name in SHAPING if name in where}
         return cls(query, k, Where(**where), **scoring)
 
     def replace(self, **changes: Any) -> Query:
-        """A copy with `changes` (vectors, k, where, rescore or oversample), checked as a
-        new one is."""
+        """A copy with `changes` (any field), checked as a new one is."""
         return dataclasses.replace(self, **changes)
 
     def excluding(self, keys: Sequence[str]) -> Query:
         """A copy whose left-out keys are `keys` (a shard's part of them)."""
         return self.replace(where=dataclasses.replace(self.where, exclude_keys=keys))
+
+
+SHAPING = ("rescore", "oversample", "offset", "score_threshold")
+"""Query's fields besides the vectors, k and Where: how hits are scored and cut."""
+
+
+def checked_threshold(value: Any) -> float:
+    """`value` as a score threshold: a finite number."""
+    if (
+        not isinstance(value, int | float | np.integer | np.floating)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+    ):
+        raise StoreError(f"score_threshold must be a finite number, got {value!r}")
+    return float(value)
 
 
 def checked_oversample(value: Any) -> int:

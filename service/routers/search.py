@@ -3,8 +3,9 @@
 A search takes one query: an image, several images fused into one (`fusion`, see
 index/fusion.py), an indexed item's key, or a vector; narrowed by a label and a
 metadata filter, optionally re-ranked (alpha-QE); on a compressed index its
-candidates re-scored by their exact vectors (`rescore`, `oversample`). What follows
-the embedding runs in
+candidates re-scored by their exact vectors (`rescore`, `oversample`); one page of
+the ranking (`offset`) above a score (`score_threshold`). What follows the embedding
+runs in
 `vitrieval.index.query`, as `vitrieval-index search` runs it.
 """
 
@@ -107,8 +108,7 @@ async def _search(
             fusion=query.fusion,
             where=where,
             rerank=rerank,
-            rescore=query.rescore,
-            oversample=query.oversample,
+            **query.shaping(),
         )
     except FusionError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from None

@@ -94,6 +94,8 @@ def search(
     exclude_self: bool | None = None,
     rescore: bool | None = None,
     oversample: int | None = None,
+    offset: int | None = None,
+    score_threshold: float | None = None,
 ) -> Call[answers.SearchResponse]:
     """The `k` indexed items most similar to one query, best first: an image,
     several `images` searched as one query (`fusion`: "mean", the default, or
@@ -102,8 +104,9 @@ def search(
     them (alpha query expansion, or the index's DBA vectors). On an index that
     scores from compressed codes (PQ, SQ), each segment ranks its `oversample` x k
     best candidates again by their exact vectors unless `rescore` is False (the
-    range is in /openapi.json); exact indexes ignore both. An option left None
-    takes the server's default."""
+    range is in /openapi.json); exact indexes ignore both. `offset` skips the best
+    hits (the next page of k starts at offset k), `score_threshold` leaves out hits
+    scoring below it. An option left None takes the server's default."""
     body = _given(
         k=k,
         label=label,
@@ -117,6 +120,8 @@ def search(
         exclude_self=exclude_self,
         rescore=rescore,
         oversample=oversample,
+        offset=offset,
+        score_threshold=score_threshold,
     )
     return Call("POST", "/v1/search", _model(answers.SearchResponse), json=body)
 
