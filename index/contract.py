@@ -24,7 +24,7 @@ import numpy as np
 
 from .follow import CommitFollower
 from .shards import ShardedStore
-from .store import IndexStore, ItemRecord
+from .store import IndexStore, ItemRecord, ScrollPage
 from .store.filters import Filter
 from .store.request import Query, Ranked, Where
 
@@ -77,6 +77,11 @@ class Index(Protocol):
         allows, in insertion order; more than `limit` is a StoreError."""
         ...
 
+    async def scroll(self, filter: Filter | None, limit: int, after: str | None) -> ScrollPage:
+        """`IndexStore.scroll`: up to `limit` items `filter` allows with keys after
+        `after`, in key order, and the next cursor."""
+        ...
+
     async def info(self) -> dict[str, Any]: ...
 
     async def damaged_segments(self) -> list[tuple[Any, str]]: ...
@@ -124,6 +129,9 @@ class LocalIndex:
         self, limit: int | None, filter: Filter | None = None
     ) -> tuple[list[str], list[str], np.ndarray]:
         return await self._call(lambda store: store.labelled_items(limit, filter))
+
+    async def scroll(self, filter: Filter | None, limit: int, after: str | None) -> ScrollPage:
+        return await self._call(lambda store: store.scroll(filter, limit, after))
 
     async def info(self) -> dict[str, Any]:
         return await self._call(lambda store: store.info())  # waits out a running save

@@ -65,6 +65,23 @@ class ItemOut(BaseModel):
     vector: list[float] | None = Field(None, description="with `?vector=true` only")
 
 
+class ListedItemOut(BaseModel):
+    """An item as /v1/scroll lists it."""
+
+    key: str
+    label: str | None
+    metadata: dict[str, Any]
+
+
+class ScrollResponse(BaseModel):
+    """One page of a filtered selection in ascending key order."""
+
+    items: list[ListedItemOut]
+    next: str | None = Field(
+        description="the `after` of the next page; null when this page is the last"
+    )
+
+
 class ItemWritten(ItemOut):
     """An item as added (or replaced)."""
 

@@ -19,7 +19,14 @@ from vitrieval.index.store.filters import (
     int64_message,
     parse_filter,
 )
-from vitrieval.index.store.request import DEFAULT_OVERSAMPLE, MAX_DEPTH, MAX_OVERSAMPLE, SHAPING
+from vitrieval.index.store.request import (
+    DEFAULT_OVERSAMPLE,
+    MAX_DEPTH,
+    MAX_OVERSAMPLE,
+    MAX_SCROLL_LIMIT,
+    SCROLL_LIMIT,
+    SHAPING,
+)
 
 from .text import (
     MAX_KEY_LENGTH,
@@ -249,6 +256,18 @@ class LabelledQuery(Strict):
         if (self.image_base64 is None) == (self.vector is None):
             raise ValueError("give exactly one of image_base64 and vector")
         return self
+
+
+class ScrollRequest(Strict):
+    """One page of the items a filter allows, in ascending key order: pass the answer's
+    `next` as `after` for the following page."""
+
+    filter: Annotated[MetadataFilter | None, JsonText] = None
+    label: Label | None = Field(None, description="only items with this label")
+    limit: int = Field(SCROLL_LIMIT, ge=1, le=MAX_SCROLL_LIMIT, description="items on the page")
+    after: LookupKey | None = Field(
+        None, description="list the keys after this one (the previous page's `next`)"
+    )
 
 
 class EvaluateRequest(Strict):

@@ -28,6 +28,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, list[dict[str, list[str]]] | None]]
     ("get", "/v1/items/{key}"): ("get_item", READ),
     ("get", "/v1/items/{key}/thumbnail"): ("get_thumbnail", READ),
     ("delete", "/v1/items/{key}"): ("delete_item", WRITE),
+    ("post", "/v1/scroll"): ("scroll", READ),
     ("post", "/v1/evaluate"): ("evaluate", READ),
     ("get", "/v1/info"): ("get_info", READ),
     ("get", "/healthz"): ("healthz", None),

@@ -16,11 +16,12 @@ import pytest
 from pydantic import BaseModel
 
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
-from vitrieval.index.store.request import MAX_DEPTH, MAX_OVERSAMPLE
+from vitrieval.index.store.request import MAX_DEPTH, MAX_OVERSAMPLE, MAX_SCROLL_LIMIT
 from vitrieval.service.app import create_app
 from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
 from vitrieval.service.routers.evaluate import EVALUATE_BODY
 from vitrieval.service.routers.items import ITEM_BODY, MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
+from vitrieval.service.routers.scroll import SCROLL_BODY
 from vitrieval.service.routers.search import EMBED_BODY, SEARCH_BODY
 from vitrieval.service.schemas import (
     KEY_PATTERN,
@@ -105,6 +106,13 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
         for content_type in (JSON, MULTIPART, URLENCODED)
     },
 }
+EXPECTED["/v1/scroll"] = {
+    content_type: {
+        "label": LABEL,
+        "limit": {"minimum": 1, "maximum": MAX_SCROLL_LIMIT},
+    }
+    for content_type in (JSON, MULTIPART, URLENCODED)
+}
 """route -> content type -> field (dotted; `[]` an array's items) -> keyword -> value"""
 
 
@@ -113,6 +121,7 @@ BODIES: dict[str, RequestBody[Any]] = {
     "/v1/items": ITEM_BODY,
     "/v1/embed": EMBED_BODY,
     "/v1/evaluate": EVALUATE_BODY,
+    "/v1/scroll": SCROLL_BODY,
 }
 
 

@@ -161,6 +161,16 @@ def test_a_flat_sharded_index_answers_as_one_store(tmp_path, tied):
         one.search(queries, 9, offset=3, score_threshold=low),
         sharded.search(queries, 9, offset=3, score_threshold=low),
     )
+    # scroll: the shards' keys merged in key order, page by page
+    listed, after = [], None
+    class_2 = {"must": [{"key": "label", "match": "class_2"}]}
+    while True:
+        page = sharded.scroll(class_2, limit=37, after=after)
+        listed += page.items
+        if (after := page.next) is None:
+            break
+    assert listed == one.scroll(class_2, limit=len(x)).items
+    assert len(listed) == len(x) // 5
     # ties are there, and ordered by insertion (file order), not by key
     top = sharded.search(x[:1], 5)[0]
     assert len({h.score for h in top}) == 1 and [h.key for h in top] != sorted(h.key for h in top)

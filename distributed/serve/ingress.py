@@ -37,11 +37,12 @@ from vitrieval.index.shards.routing import (
     in_key_order,
     merge_labelled,
     merge_ranked,
+    merge_scrolled,
     numbered,
     shard_queries,
 )
 from vitrieval.index.shards.store import combine_info
-from vitrieval.index.store import ItemRecord
+from vitrieval.index.store import ItemRecord, ScrollPage
 from vitrieval.index.store.filters import Filter
 from vitrieval.service.app import build_app
 from vitrieval.service.errors import ApiError
@@ -195,6 +196,18 @@ class RemoteIndex:
             )
         )
         return merge_labelled([a[0] for a in answers], [a[1] for a in answers], self.dim, limit)
+
+    async def scroll(self, filter: Filter | None, limit: int, after: str | None) -> ScrollPage:
+        """Every shard's first `limit` keys after `after`, merged by key."""
+        pages = _raise_failure(
+            await asyncio.gather(
+                *(
+                    remote(handle.scroll.remote(filter, limit, after), f"index shard {n}")
+                    for n, handle in enumerate(self.shards)
+                )
+            )
+        )
+        return merge_scrolled(pages, limit)
 
     async def info(self) -> dict[str, Any]:
         parts = await asyncio.gather(

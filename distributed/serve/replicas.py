@@ -26,7 +26,7 @@ from vitrieval.index.follow import FOLLOW_POLL_S, CommitFollower
 from vitrieval.index.runtime.embedder import Embedder
 from vitrieval.index.runtime.images import DecodeBudget
 from vitrieval.index.runtime.model_metadata import ModelMetadata
-from vitrieval.index.store import IndexStore, ItemRecord, StoreError
+from vitrieval.index.store import IndexStore, ItemRecord, ScrollPage, StoreError
 from vitrieval.index.store.filters import Filter
 from vitrieval.service.errors import ApiError
 from vitrieval.service.maintenance import checkpoint_loop, final_save, scrub_loop
@@ -263,6 +263,16 @@ class ShardReplica:
 
         try:
             return await self._read(read)
+        except StoreError as exc:
+            return StoreFailure(exc)
+
+    async def scroll(
+        self, filter: Filter | None, limit: int, after: str | None
+    ) -> ScrollPage | StoreFailure:
+        """`IndexStore.scroll` of the ingress's parsed filter; a StoreError (a limit out
+        of range) comes back as a StoreFailure."""
+        try:
+            return await self._read(lambda store: store.scroll(filter, limit, after))
         except StoreError as exc:
             return StoreFailure(exc)
 

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..store import Hit, StoreError
+from ..store import Hit, ScrollPage, StoreError
 from ..store.request import Query, Ranked
 from .layout import split_by_shard
 
@@ -80,6 +80,16 @@ def merge_ranked(per_shard: Sequence[Sequence[Sequence[tuple[int, Hit]]]], query
     for row in merged:
         row.sort(key=lambda pair: (-pair[1].score, pair[0]))
     return query.page(merged)
+
+
+def merge_scrolled(pages: Sequence[ScrollPage], limit: int) -> ScrollPage:
+    """Each shard's `scroll` page (its first `limit` keys after the same cursor) merged
+    into the index's: the first `limit` keys of them all, and a next cursor when any
+    shard had more or the merge left some out (a key lives in one shard)."""
+    merged = sorted((item for page in pages for item in page.items), key=lambda i: i.key)
+    items = merged[:limit]
+    more = len(merged) > limit or any(page.next is not None for page in pages)
+    return ScrollPage(items, items[-1].key if more and items else None)
 
 
 def merge_labelled(

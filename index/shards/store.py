@@ -27,12 +27,13 @@ from ..store import (
     ItemRecord,
     JournalOwner,
     KeyExistsError,
+    ScrollPage,
     StoreError,
 )
 from ..store import manifest as mf
 from ..store.errors import DamagedIndexError
-from ..store.filters import Filter, parse_filter
-from ..store.request import Query, Ranked
+from ..store.filters import Filter, FilterInput, parse_filter
+from ..store.request import SCROLL_LIMIT, Query, Ranked, Where
 from ..store.validation import as_matrix, checked_items
 from .layout import (
     PLAN_FILE,
@@ -46,7 +47,14 @@ from .layout import (
     split_by_shard,
     store_directories,
 )
-from .routing import NO_DBA, merge_labelled, merge_ranked, numbered, shard_queries
+from .routing import (
+    NO_DBA,
+    merge_labelled,
+    merge_ranked,
+    merge_scrolled,
+    numbered,
+    shard_queries,
+)
 
 
 class ShardedStore:
@@ -287,6 +295,14 @@ class ShardedStore:
     ) -> list[list[Hit]]:
         """Top-k items for each query, as `IndexStore.search` ranks them."""
         return [[h for _, h in row] for row in self.ranked_search(queries, k, **where)]
+
+    def scroll(
+        self, filter: FilterInput = None, limit: int = SCROLL_LIMIT, after: str | None = None
+    ) -> ScrollPage:
+        """`IndexStore.scroll` over every shard: each lists its first `limit` keys after
+        `after`, merged by key (routing.merge_scrolled)."""
+        flt = Where(filter=filter).allowed  # parsed once for every shard
+        return merge_scrolled([shard.scroll(flt, limit, after) for shard in self.shards], limit)
 
     # -- persistence and upkeep, shard by shard ------------------------------------------
 

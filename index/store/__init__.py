@@ -116,7 +116,7 @@ without one is a StoreError.
 from ._damage import damage_code
 from ._field_index import FieldSelection, flatten
 from ._index_store import AUTO_COMPACT_FRACTION, IndexStore
-from ._items import Hit, ItemRecord
+from ._items import Hit, ItemRecord, ListedItem, ScrollPage
 from ._journal import JournalOwner, JournalWriteError
 from ._journal_repair import REJECTED_FILE, repair_journal
 from ._loading import OTHER_MODEL_ADVICE
@@ -143,6 +143,8 @@ __all__ = [
     "JournalOwner",
     "JournalWriteError",
     "KeyExistsError",
+    "ListedItem",
+    "ScrollPage",
     "StoreError",
     "VectorIndex",
     "check_gpu_mode",

@@ -27,19 +27,20 @@ from . import manifest as mf
 from ._dba import check_dba
 from ._field_index import FieldSelection, check_field_paths
 from ._health import legacy_items, scrub_store, verify_store
-from ._items import Hit, ItemRecord, Row
+from ._items import Hit, ItemRecord, Row, ScrollPage
 from ._loading import create_store, open_store
 from ._merge_policy import TOMBSTONE_FRACTION
 from ._persist import merge as merge_segments
 from ._persist import save as save_store
 from ._report import store_info
+from ._scroll import scroll
 from ._sealed_segment import SealedSegment
-from ._search import labelled_items, ranked_search
+from ._search import as_filter, labelled_items, ranked_search
 from ._state import StoreState
 from ._vectors import VectorIndex, new_faiss_index
 from .errors import KeyExistsError, StoreError
-from .filters import Filter
-from .request import Query, Ranked, checked_oversample
+from .filters import Filter, FilterInput
+from .request import SCROLL_LIMIT, Query, Ranked, checked_oversample
 from .validation import as_matrix, check_ids, checked_items
 
 logger = logging.getLogger(__name__)
@@ -214,6 +215,16 @@ class IndexStore:
         order (those `filter` allows): the input of a leave-one-out evaluation. More than
         `limit` items is a StoreError (checked before any vector is read)."""
         return labelled_items(self._state, limit, filter)
+
+    def scroll(
+        self, filter: FilterInput = None, limit: int = SCROLL_LIMIT, after: str | None = None
+    ) -> ScrollPage:
+        """Up to `limit` (1 to MAX_SCROLL_LIMIT) live items that `filter` allows (a
+        label too: the filter language's "label" key), whose keys sort after `after`, in
+        ascending key order, with their columns (no vectors); `next` is the `after` of
+        the following page (None: no more). Pages laid end to end list the selection
+        once (_scroll.py)."""
+        return scroll(self._state, as_filter(filter, None), limit, after)
 
     def labelled_items_and_ids(
         self,

@@ -67,6 +67,25 @@ class ItemRecord:
 
 
 @dataclass(frozen=True)
+class ListedItem:
+    """One item as `scroll` lists it: its columns, not its vector."""
+
+    key: str
+    label: str | None
+    path: str | None
+    metadata: dict
+
+
+@dataclass(frozen=True)
+class ScrollPage:
+    """One call of `scroll`: up to `limit` items in ascending key order, and `next`,
+    the key to pass as `after` for the rest (None: this was the last page)."""
+
+    items: list[ListedItem]
+    next: str | None
+
+
+@dataclass(frozen=True)
 class Row:
     """A row to insert: `vector` is a float32 (dim,) array, `metadata` already JSON text."""
 
@@ -221,6 +240,13 @@ class ItemTable:
         key, label, path, metadata, blob = row
         vector = np.frombuffer(blob, dtype=VECTOR_DTYPE).astype(np.float32)
         return ItemRecord(key, label, path, json.loads(metadata), vector)
+
+    def keys_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        """(key, id) of the first `limit` live rows whose key sorts after `after` (all
+        when None), in key order (the live-key index: no sort)."""
+        where, values = ("AND key > ?", (after, limit)) if after is not None else ("", (limit,))
+        sql = f"SELECT key, id FROM items WHERE deleted = 0 {where} ORDER BY key LIMIT ?"
+        return list(self.conn.execute(sql, values))
 
     def describe(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, str | None, str]]:
         """id -> (key, label, path, metadata JSON) for `ids` (any order, duplicates fine)."""

@@ -113,6 +113,9 @@ class MemorySegment:
     def describe(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, str | None, str]]:
         return self.items.describe(ids)
 
+    def keys_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        return self.items.keys_after(after, limit)
+
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
         """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds."""
         return self.items.filter_ids(leaf)

@@ -265,6 +265,11 @@ class SealedSegment:
         dead = self.tombstones
         return np.fromiter((i for (i,) in rows if i not in dead), dtype=np.int64)
 
+    def keys_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        where, values = ("WHERE key > ?", (after, limit)) if after is not None else ("", (limit,))
+        sql = f"SELECT key, id FROM items {where} ORDER BY key LIMIT ?"  # the key index
+        return list(self._db.execute(sql, values))
+
     def describe(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, str | None, str]]:
         sql = "SELECT id, key, label, path, metadata FROM items WHERE id IN ({marks})"
         return {row[0]: row[1:] for row in self._select(sql, sorted(set(ids)))}

@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -367,23 +368,9 @@ class VectorIndex:
                 self._selectors[where] = False
         return search(queries, fetch)
 
-    def top_k(
-        self,
-        queries: np.ndarray,
-        k: int,
-        *,
-        allowed: np.ndarray | None,
-        blocked: np.ndarray,
-        widen: float = 1.0,
-    ) -> list[list[tuple[int, float]]]:
-        """Per query, up to k (id, score) pairs by descending score, ties by ascending id.
-
-        queries: float32 (q, dim). allowed: sorted int64 ids that may be returned (None:
-        all); blocked: int64 ids that never may (tombstones, exclusions). widen: how much
-        wider than its own nprobe / efSearch an IVF or HNSW search looks (a filter's
-        1 / selectivity, _filter_plans.py).
-        """
-        found = self.top_k_arrays(queries, k, allowed=allowed, blocked=blocked, widen=widen)
+    def top_k(self, queries: np.ndarray, k: int, **selection: Any) -> list[list[tuple[int, float]]]:
+        """`top_k_arrays` (its `allowed`, `blocked` and `widen`) as (id, score) pairs."""
+        found = self.top_k_arrays(queries, k, **selection)
         return [list(zip(ids.tolist(), scores.tolist(), strict=True)) for ids, scores in found]
 
     def top_k_arrays(
@@ -395,8 +382,15 @@ class VectorIndex:
         blocked: np.ndarray,
         widen: float = 1.0,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """`top_k` as arrays: per query, int64 (m,) ids and float32 (m,) scores, m <= k,
-        in the same order (what re-scoring reads, with no Python pair per candidate)."""
+        """Per query, up to k ids by descending score, ties by ascending id: int64 (m,)
+        ids and float32 (m,) scores, m <= k (arrays: re-scoring reads them with no
+        Python pair per candidate).
+
+        queries: float32 (q, dim). allowed: sorted int64 ids that may be returned (None:
+        all); blocked: int64 ids that never may (tombstones, exclusions). widen: how much
+        wider than its own nprobe / efSearch an IVF or HNSW search looks (a filter's
+        1 / selectivity, _filter_plans.py).
+        """
         none = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
         results = [none] * len(queries)
         if allowed is not None:

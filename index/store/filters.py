@@ -170,6 +170,10 @@ class Filter:
         return not (self.must or self.should or self.must_not)
 
 
+FilterInput = Filter | Mapping[str, Any] | None
+"""A filter as the index's methods take it: parsed, decoded JSON (parsed there), or none."""
+
+
 def field_values(field: FieldRef, label: str | None, metadata: Mapping[str, Any]) -> list[Scalar]:
     """The scalars `field` holds for one item: [] when missing or not a scalar (list)."""
     if field.label:

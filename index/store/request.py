@@ -45,6 +45,11 @@ MAX_DEPTH = 10_000
 shard) returns its own top k + offset before they are merged, so the depth costs each
 of them; past it, `scroll` lists a filtered selection in key order."""
 
+MAX_SCROLL_LIMIT = 10_000
+"""The most items one `scroll` call lists (its page is held in memory at once)."""
+SCROLL_LIMIT = 100
+"""The items a `scroll` call lists when it is not told how many."""
+
 Ranked = list[list[tuple[int, Hit]]]
 """Per query, its hits best first, each with its item id (what orders equal scores)."""
 

@@ -59,6 +59,12 @@ class Segment(Protocol):
         """Sorted int64 (m,) ids of the live items labelled `label`."""
         ...
 
+    def keys_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        """(key, item id) of its first `limit` items whose key sorts after `after` (every
+        key when None), in ascending key order (Unicode code points, which SQLite's byte
+        order of UTF-8 text is), tombstoned ones too."""
+        ...
+
     def describe(self, ids: Sequence[int]) -> dict[int, Described]:
         """item id -> (key, label, path, metadata JSON) for the `ids` it holds."""
         ...

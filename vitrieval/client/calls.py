@@ -126,6 +126,26 @@ def search(
     return Call("POST", "/v1/search", _model(answers.SearchResponse), json=body)
 
 
+def scroll(
+    *,
+    filter: Filter | None = None,
+    label: str | None = None,
+    limit: int | None = None,
+    after: str | None = None,
+) -> Call[answers.ScrollResponse]:
+    """One page of the items `filter` and `label` allow, in ascending key order: up to
+    `limit` items (None: the server's default; the range is in /openapi.json) whose
+    keys sort after `after`. The answer's `next` is the following page's `after`
+    (None: no more), so every item of the selection is listed once."""
+    body = _given(
+        filter=dict(filter) if filter is not None else None,
+        label=label,
+        limit=limit,
+        after=after,
+    )
+    return Call("POST", "/v1/scroll", _model(answers.ScrollResponse), json=body)
+
+
 def embed(image: ImageInput) -> Call[answers.EmbedResponse]:
     """The served model's embedding of an image (a unit vector)."""
     body = {"image_base64": image_base64(image)}

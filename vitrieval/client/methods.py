@@ -154,6 +154,7 @@ class Methods:
     search, embed = method(calls.search), method(calls.embed)  # /v1/search, /v1/embed
     add, get, delete = method(calls.add), method(calls.get), method(calls.delete)
     thumbnail = method(calls.thumbnail)  # /v1/items/{key}/thumbnail
+    scroll = method(calls.scroll)  # /v1/scroll
     evaluate = method(calls.evaluate)  # /v1/evaluate
     info, health, readiness = method(calls.info), method(calls.health), method(calls.readiness)
     metrics, check_version = method(calls.metrics), method(calls.check_version)
