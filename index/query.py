@@ -33,6 +33,7 @@ import numpy as np
 
 from .contract import Index, LocalIndex, Query, Ranked, Where
 from .fusion import DEFAULT_FUSION, FUSIONS, Fusion, FusionError, fuse_mean, merge_max
+from .grouping import Group, Grouping, grouped
 from .rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, expand_queries
 from .store import Hit
 
@@ -41,6 +42,7 @@ __all__ = [
     "Where",
     "search",
     "search_fused",
+    "search_groups",
     "search_index",
     "search_store",
     "search_store_fused",
@@ -139,6 +141,31 @@ async def search_fused(
     return page.page([merge_max(rows, page.depth)])[0]
 
 
+async def search_groups(
+    index: Index,
+    vectors: np.ndarray,
+    k: int,
+    grouping: Grouping,
+    *,
+    fusion: Fusion = DEFAULT_FUSION,
+    where: Where | None = None,
+    rerank: AQE | None = None,
+    **shaping: Any,
+) -> list[Group]:
+    """The float32 (m, d) embeddings of one query (m images fused as `search_fused`
+    fuses them) -> groups offset + 1 to offset + k of its ranking grouped by
+    `grouping` (index.grouping): the groups by their best hits, each with its best
+    `grouping.size` hits. `shaping` as for `search`; `offset` counts groups."""
+    page = Query(np.asarray(vectors, dtype=np.float32), k, where or Where(), **shaping)
+    whole = {**shaping, "offset": 0}
+
+    async def rank(depth: int) -> list[tuple[int, Hit]]:
+        options = {"fusion": fusion, "where": where, "rerank": rerank, **whole}
+        return await search_fused(index, vectors, depth, **options)
+
+    return await grouped(rank, page.k, grouping, page.offset)
+
+
 def search_store(store: Any, queries: np.ndarray, k: int, **options: Any) -> Ranked:
     """`search` (its `where`, `rerank` and shaping options) on an opened store, for
     synchronous callers (the command line)."""
@@ -151,6 +178,13 @@ def search_store_fused(
     """`search_fused` (its `fusion`, `where`, `rerank` and shaping options) on an
     opened store, for synchronous callers."""
     return asyncio.run(search_fused(LocalIndex(store), vectors, k, **options))
+
+
+def search_store_groups(
+    store: Any, vectors: np.ndarray, k: int, grouping: Grouping, **options: Any
+) -> list[Group]:
+    """`search_groups` on an opened store, for synchronous callers."""
+    return asyncio.run(search_groups(LocalIndex(store), vectors, k, grouping, **options))
 
 
 def search_index(

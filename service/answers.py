@@ -37,10 +37,20 @@ class HitOut(BaseModel):
     metadata: dict[str, Any]
 
 
+class GroupOut(BaseModel):
+    """One group of a grouped search: the field's value and its best hits."""
+
+    value: str | int | float | bool
+    hits: list[HitOut]
+
+
 class SearchResponse(BaseModel):
     """The hits of one search, best first, and where the time went."""
 
-    hits: list[HitOut]
+    hits: list[HitOut] = Field(description="best first; empty with `group_by` (see groups)")
+    groups: list[GroupOut] | None = Field(
+        None, description="with `group_by`: the groups, best first, each with its hits"
+    )
     k: int
     query: Literal["image", "key", "vector"]
     timings_ms: dict[str, float] = Field(description="decode, embed and search, milliseconds")

@@ -10,8 +10,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vitrieval.index.fusion import DEFAULT_FUSION, Fusion
+from vitrieval.index.grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from vitrieval.index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+from vitrieval.index.store.filters import MAX_KEY_LENGTH as MAX_FILTER_KEY_LENGTH
 from vitrieval.index.store.filters import (
     Filter,
     FilterError,
@@ -186,6 +188,20 @@ class SearchRequest(Strict):
         None,
         allow_inf_nan=False,
         description="leave out hits scoring below it (the answer may hold fewer than k)",
+    )
+
+    group_by: str | None = Field(
+        None,
+        max_length=MAX_FILTER_KEY_LENGTH,
+        description='group the hits by this field ("label", or a metadata path as a filter '
+        "names it): the answer's `groups` are the k best groups (by their best hit), "
+        "each with its `group_size` best hits; `offset` then counts groups",
+    )
+    group_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_GROUP_SIZE,
+        description=f"with `group_by`: hits per group (default {DEFAULT_GROUP_SIZE})",
     )
 
     def shaping(self) -> dict[str, Any]:

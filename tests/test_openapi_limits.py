@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from vitrieval.index.grouping import MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
+from vitrieval.index.store.filters import MAX_KEY_LENGTH as MAX_FILTER_KEY_LENGTH
 from vitrieval.index.store.request import MAX_DEPTH, MAX_OVERSAMPLE, MAX_SCROLL_LIMIT
 from vitrieval.service.app import create_app
 from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
@@ -59,6 +61,8 @@ RERANK_ALPHA = {"minimum": 0, "maximum": MAX_AQE_ALPHA}
 IMAGES = {"minItems": 1, "maxItems": MAX_QUERY_IMAGES}
 OVERSAMPLE = {"minimum": 1, "maximum": MAX_OVERSAMPLE}
 OFFSET = {"minimum": 0, "maximum": MAX_DEPTH - 1}
+GROUP_BY = {"maxLength": MAX_FILTER_KEY_LENGTH}
+GROUP_SIZE = {"minimum": 1, "maximum": MAX_GROUP_SIZE}
 
 EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "/v1/search": {
@@ -71,6 +75,8 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "vector": VECTOR,
             "oversample": OVERSAMPLE,
             "offset": OFFSET,
+            "group_by": GROUP_BY,
+            "group_size": GROUP_SIZE,
         },
         MULTIPART: {
             "image": IMAGES,
@@ -80,6 +86,8 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "rerank.alpha": RERANK_ALPHA,
             "oversample": OVERSAMPLE,
             "offset": OFFSET,
+            "group_by": GROUP_BY,
+            "group_size": GROUP_SIZE,
         },
         URLENCODED: {
             "k": K,
@@ -88,6 +96,8 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
             "rerank.alpha": RERANK_ALPHA,
             "oversample": OVERSAMPLE,
             "offset": OFFSET,
+            "group_by": GROUP_BY,
+            "group_size": GROUP_SIZE,
         },
     },
     "/v1/items": {

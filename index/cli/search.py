@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..fusion import FUSIONS
+from ..grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
 from ..rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
 from ..store.request import DEFAULT_OVERSAMPLE, MAX_DEPTH, MAX_OVERSAMPLE
 from .arguments import ArgumentAdder, Subcommands
@@ -87,6 +88,19 @@ def add_search_command(sub: Subcommands) -> None:
         type=float,
         metavar="S",
         help="leave out hits scoring below S (a query may then print fewer than k)",
+    )
+    search.add_argument(
+        "--group-by",
+        metavar="FIELD",
+        help='group the hits by FIELD ("label", or a metadata path): the -k best groups, '
+        "each with its --group-size best hits (--offset then counts groups)",
+    )
+    search.add_argument(
+        "--group-size",
+        type=int,
+        metavar="N",
+        help=f"with --group-by: hits per group (1 to {MAX_GROUP_SIZE}, default "
+        f"{DEFAULT_GROUP_SIZE})",
     )
     search.add_argument("--model", help="override the index's model (same fingerprint only)")
     search.add_argument("--json", action="store_true")
@@ -199,6 +213,8 @@ def search_command(args: argparse.Namespace) -> int:
     embedded = embedder_from_args(model, args).embed_sources(args.images)
     if embedded.errors:
         raise ImageDecodeError(embedded.errors[0][1])
+    if args.group_by is not None or args.group_size is not None:
+        return grouped_search(args, store, embedded.embeddings, where, rerank, scoring)
     queries: list[Any]
     if args.fuse:
         found = search_store_fused(
@@ -227,16 +243,7 @@ def search_command(args: argparse.Namespace) -> int:
             {
                 "query": query,
                 **({"fusion": args.fuse} if args.fuse else {}),
-                "hits": [
-                    {
-                        "key": h.key,
-                        "score": h.score,
-                        "label": h.label,
-                        "path": h.path,
-                        "metadata": h.metadata,
-                    }
-                    for h in hits
-                ],
+                "hits": [hit_json(h) for h in hits],
             }
             for query, hits in zip(queries, results, strict=True)
         ]
@@ -247,4 +254,62 @@ def search_command(args: argparse.Namespace) -> int:
         print(f"  {'rank':>4}  {'score':>7}  {'label':<16}  key")
         for rank, hit in enumerate(hits, args.offset + 1):
             print(f"  {rank:>4}  {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
+    return 0
+
+
+def hit_json(hit: Any) -> dict[str, Any]:
+    """One hit as --json prints it."""
+    return {
+        "key": hit.key,
+        "score": hit.score,
+        "label": hit.label,
+        "path": hit.path,
+        "metadata": hit.metadata,
+    }
+
+
+def grouped_search(
+    args: argparse.Namespace,
+    store: Any,
+    embeddings: Any,
+    where: Any,
+    rerank: Any,
+    scoring: dict[str, Any],
+) -> int:
+    """--group-by: each query's -k best groups (index/grouping.py), each with its
+    --group-size best hits; every image its own query, or one with --fuse."""
+    from ..grouping import describe_grouping
+    from ..query import search_store_groups
+
+    if args.group_by is None:
+        raise ValueError("--group-size needs --group-by")
+    grouping = describe_grouping(args.group_by, args.group_size)  # StoreError: bad values
+    options = {"where": where, "rerank": rerank, **scoring}
+    if args.fuse:
+        queries: list[Any] = [[str(path) for path in args.images]]
+        each = [embeddings]
+        options["fusion"] = args.fuse
+    else:
+        queries = [str(path) for path in args.images]
+        each = [embeddings[i : i + 1] for i in range(len(embeddings))]
+    answers = [search_store_groups(store, x, args.k, grouping, **options) for x in each]
+    if args.json:
+        payload = [
+            {
+                "query": query,
+                "group_by": args.group_by,
+                "groups": [
+                    {"value": g.value, "hits": [hit_json(h) for _, h in g.hits]} for g in groups
+                ],
+            }
+            for query, groups in zip(queries, answers, strict=True)
+        ]
+        print(json.dumps(payload, indent=2))
+        return 0
+    for query, groups in zip(queries, answers, strict=True):
+        print(" + ".join(query) if args.fuse else query)
+        for rank, found in enumerate(groups, args.offset + 1):
+            print(f"  group {rank}: {args.group_by} = {found.value!r}")
+            for _, hit in found.hits:
+                print(f"    {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
     return 0

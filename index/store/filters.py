@@ -313,6 +313,12 @@ def _parse_condition(raw: Any, where: str, depth: int, counter: list[int]) -> Co
     return _parse_range(field, raw["range"], f"{where}.range")
 
 
+def field_ref(key: Any, where: str = "key") -> FieldRef:
+    """A field named as a filter condition names it: "label", or a metadata dot path
+    (optionally "metadata."-prefixed); FilterError naming `where` otherwise."""
+    return _parse_key(key, where)
+
+
 def _parse_key(raw: Any, where: str) -> FieldRef:
     if not isinstance(raw, str) or not raw:
         raise FilterError(f"{where} must be a non-empty string")

@@ -18,10 +18,11 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from vitrieval.index.fusion import FusionError
-from vitrieval.index.query import AQE, Where, search_fused
-from vitrieval.index.store import StoreError
+from vitrieval.index.grouping import describe_grouping
+from vitrieval.index.query import AQE, Where, search_fused, search_groups
+from vitrieval.index.store import Hit, StoreError
 
-from ..answers import EmbedResponse, HitOut, SearchResponse
+from ..answers import EmbedResponse, GroupOut, HitOut, SearchResponse
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses, store_error
 from ..inputs import ImageUpload, RequestBody
@@ -71,8 +72,10 @@ async def search(request: Request, state: ServiceDep) -> SearchResponse:
         label=query.label, exclude_keys=exclude, filter=query.filter, augmented=method == "dba"
     )
     rerank = AQE(query.rerank.n, query.rerank.alpha) if method == "aqe" else None
-    hits = await _search(state, vectors, query, where, rerank, timings)
-    return SearchResponse(hits=hits, k=query.k, query=kind, timings_ms=timings.as_dict())
+    hits, groups = await _search(state, vectors, query, where, rerank, timings)
+    return SearchResponse(
+        hits=hits, groups=groups, k=query.k, query=kind, timings_ms=timings.as_dict()
+    )
 
 
 async def _embed_images(
@@ -96,26 +99,30 @@ async def _search(
     where: Where,
     rerank: AQE | None,
     timings: Timings,
-) -> list[HitOut]:
-    """The hits of `vectors` (one query's embeddings) with the request's k, fusion and
-    re-scoring, narrowed by `where` and re-ranked by `rerank`."""
+) -> tuple[list[HitOut], list[GroupOut] | None]:
+    """The hits of `vectors` (one query's embeddings) with the request's k, fusion,
+    re-scoring and page, narrowed by `where` and re-ranked by `rerank`; with
+    `group_by`, no hits but its groups."""
     started = time.perf_counter()
+    options = {"fusion": query.fusion, "where": where, "rerank": rerank, **query.shaping()}
     try:
-        found = await search_fused(
-            state.index,
-            vectors,
-            query.k,
-            fusion=query.fusion,
-            where=where,
-            rerank=rerank,
-            **query.shaping(),
-        )
+        grouping = describe_grouping(query.group_by, query.group_size)
+        if grouping is not None:
+            groups = await search_groups(state.index, vectors, query.k, grouping, **options)
+        else:
+            found = await search_fused(state.index, vectors, query.k, **options)
     except FusionError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from None
     except StoreError as exc:  # no DBA vectors, a filter on what the index lacks...
         raise store_error(exc, 422, "invalid_request") from None
     timings.search = (time.perf_counter() - started) * 1000
     state.metrics.observe_stage("search", timings.search / 1000)
+    if grouping is not None:
+        return [], [GroupOut(value=g.value, hits=_hits(g.hits)) for g in groups]
+    return _hits(found), None
+
+
+def _hits(found: list[tuple[int, Hit]]) -> list[HitOut]:
     return [
         HitOut(key=h.key, score=float(h.score), label=h.label, metadata=h.metadata)
         for _, h in found

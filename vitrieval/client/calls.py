@@ -96,6 +96,8 @@ def search(
     oversample: int | None = None,
     offset: int | None = None,
     score_threshold: float | None = None,
+    group_by: str | None = None,
+    group_size: int | None = None,
 ) -> Call[answers.SearchResponse]:
     """The `k` indexed items most similar to one query, best first: an image,
     several `images` searched as one query (`fusion`: "mean", the default, or
@@ -106,7 +108,12 @@ def search(
     best candidates again by their exact vectors unless `rescore` is False (the
     range is in /openapi.json); exact indexes ignore both. `offset` skips the best
     hits (the next page of k starts at offset k), `score_threshold` leaves out hits
-    scoring below it. An option left None takes the server's default."""
+    scoring below it. With `group_by` (a field: "label" or a metadata path) the
+    answer's `groups` hold the k best groups, each with its `group_size` best hits.
+    An option left None takes the server's default."""
+    # how the ranking is scored and cut: sent as given (None: the server's default)
+    shaping = {"rescore": rescore, "oversample": oversample, "offset": offset}
+    shaping |= {"score_threshold": score_threshold, "group_by": group_by, "group_size": group_size}
     body = _given(
         k=k,
         label=label,
@@ -118,10 +125,7 @@ def search(
         images_base64=[image_base64(i) for i in images] if images is not None else None,
         vector=vector_list(vector) if vector is not None else None,
         exclude_self=exclude_self,
-        rescore=rescore,
-        oversample=oversample,
-        offset=offset,
-        score_threshold=score_threshold,
+        **shaping,
     )
     return Call("POST", "/v1/search", _model(answers.SearchResponse), json=body)
 
