@@ -52,7 +52,7 @@ class SearchResponse(BaseModel):
         None, description="with `group_by`: the groups, best first, each with its hits"
     )
     k: int
-    query: Literal["image", "key", "vector"]
+    query: Literal["image", "key", "vector", "recommend"]
     timings_ms: dict[str, float] = Field(description="decode, embed and search, milliseconds")
 
 

@@ -24,7 +24,7 @@ from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
 from .openapi import finish_openapi
-from .routers import docs, evaluate, health, items, scroll, search, web
+from .routers import docs, evaluate, health, items, recommend, scroll, search, web
 from .settings import Settings, get_settings
 from .state import ServiceState
 
@@ -93,7 +93,7 @@ def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -
     app.state.metrics = metrics
     install_error_handlers(app)
     finish_openapi(app)
-    routers = (search, items, scroll, evaluate, health, web, docs)
+    routers = (search, recommend, items, scroll, evaluate, health, web, docs)
     for router in (module.router for module in routers):
         app.include_router(router)
     # outermost last: metrics see every response, 413s and timeouts included

@@ -21,11 +21,12 @@ import base64
 import binascii
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
@@ -34,6 +35,7 @@ from .schemas import FormField
 from .text import find_unencodable, text_problem
 
 M = TypeVar("M", bound=BaseModel)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,23 @@ class RequestBody(Generic[M]):
     def openapi(self) -> dict[str, Any]:
         """`openapi_extra` documenting the body: see `openapi_body`."""
         return openapi_body(self)
+
+    def post(self, router: APIRouter, path: str, errors: Any) -> Callable[[F], F]:
+        """`router.post(path)` for a route that reads this body, documented from the route
+        itself: its name is the operation id, its docstring's first line the summary;
+        `errors` the documented error statuses (`errors.error_responses(...)`)."""
+
+        def declare(route: F) -> F:
+            summary = (route.__doc__ or "").strip().splitlines()[0].rstrip(".")
+            return router.post(
+                path,
+                operation_id=route.__name__,
+                summary=summary,
+                responses=errors,
+                openapi_extra=self.openapi(),
+            )(route)
+
+        return declare
 
 
 async def read_body(

@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from vitrieval.index.fusion import DEFAULT_FUSION, Fusion
 from vitrieval.index.grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
+from vitrieval.index.recommend import DEFAULT_STRATEGY, MAX_EXAMPLES, STRATEGIES
 from vitrieval.index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
 from vitrieval.index.store.filters import MAX_KEY_LENGTH as MAX_FILTER_KEY_LENGTH
 from vitrieval.index.store.filters import (
@@ -83,6 +84,7 @@ MetadataFilter = Annotated[
 
 
 RerankMethod = Literal[SEARCH_METHODS]  # type: ignore[valid-type]
+RecommendStrategy = Literal[STRATEGIES]  # type: ignore[valid-type]
 
 
 class FormField(Enum):
@@ -128,40 +130,13 @@ class Rerank(Strict):
     )
 
 
-class SearchRequest(Strict):
-    """One query: exactly one of the image or images (multipart `image`, repeated for
-    several, or `image_base64` / `images_base64`), an indexed item's `key`, or a raw
-    `vector`."""
+class RankedRequest(Strict):
+    """What every request answered by a ranking takes (a search, a recommendation):
+    how many hits, which items, how they are scored, which page, and grouping."""
 
     k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
     label: Label | None = Field(None, description="only return items with this label")
     filter: Annotated[MetadataFilter | None, JsonText] = None
-    image_base64: Annotated[str | None, JsonOnly] = Field(
-        None, description="the image, base64 (JSON only)"
-    )
-    images_base64: Annotated[list[str] | None, JsonOnly] = Field(
-        None,
-        min_length=1,
-        max_length=MAX_QUERY_IMAGES,
-        description="several images, base64, searched as one query (see fusion; JSON only)",
-    )
-    fusion: Fusion = Field(
-        DEFAULT_FUSION,
-        description="several images as one query: mean (search the mean of their "
-        "embeddings) or max (an item scores its best similarity to any of them)",
-    )
-    rerank: Annotated[Rerank | None, JsonText] = Field(
-        None,
-        description="re-rank the hits (alpha-QE, or the index's DBA vectors)",
-        examples=[Rerank(method="aqe").model_dump()],
-    )
-    key: LookupKey | None = Field(None, description="query with this indexed item's vector")
-    vector: Annotated[list[float] | None, JsonOnly] = Field(
-        None, max_length=MAX_VECTOR_LENGTH, description="query with this vector (JSON only)"
-    )
-    exclude_self: bool = Field(
-        True, description="with `key`: leave the query item itself out of the hits"
-    )
     rescore: bool = Field(
         True,
         description="an index that scores from compressed codes (PQ, SQ): rank each "
@@ -207,6 +182,71 @@ class SearchRequest(Strict):
     def shaping(self) -> dict[str, Any]:
         """The request's re-scoring and paging fields, as `Query` takes them."""
         return {name: getattr(self, name) for name in SHAPING}
+
+
+class SearchRequest(RankedRequest):
+    """One query: exactly one of the image or images (multipart `image`, repeated for
+    several, or `image_base64` / `images_base64`), an indexed item's `key`, or a raw
+    `vector`."""
+
+    image_base64: Annotated[str | None, JsonOnly] = Field(
+        None, description="the image, base64 (JSON only)"
+    )
+    images_base64: Annotated[list[str] | None, JsonOnly] = Field(
+        None,
+        min_length=1,
+        max_length=MAX_QUERY_IMAGES,
+        description="several images, base64, searched as one query (see fusion; JSON only)",
+    )
+    fusion: Fusion = Field(
+        DEFAULT_FUSION,
+        description="several images as one query: mean (search the mean of their "
+        "embeddings) or max (an item scores its best similarity to any of them)",
+    )
+    rerank: Annotated[Rerank | None, JsonText] = Field(
+        None,
+        description="re-rank the hits (alpha-QE, or the index's DBA vectors)",
+        examples=[Rerank(method="aqe").model_dump()],
+    )
+    key: LookupKey | None = Field(None, description="query with this indexed item's vector")
+    vector: Annotated[list[float] | None, JsonOnly] = Field(
+        None, max_length=MAX_VECTOR_LENGTH, description="query with this vector (JSON only)"
+    )
+    exclude_self: bool = Field(
+        True, description="with `key`: leave the query item itself out of the hits"
+    )
+
+
+class Example(Strict):
+    """One example of a recommendation: exactly one of an indexed item's `key` (left
+    out of the hits), a `vector` or an image (`image_base64`)."""
+
+    key: LookupKey | None = Field(None, description="an indexed item")
+    vector: list[float] | None = Field(None, max_length=MAX_VECTOR_LENGTH)
+    image_base64: str | None = Field(None, description="an image, base64")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> Example:
+        if sum(v is not None for v in (self.key, self.vector, self.image_base64)) != 1:
+            raise ValueError("give exactly one of key, vector and image_base64")
+        return self
+
+
+class RecommendRequest(RankedRequest):
+    """Items like the `positive` examples and unlike the `negative` ones."""
+
+    positive: Annotated[list[Example], JsonText] = Field(
+        min_length=1, max_length=MAX_EXAMPLES, description="examples to be near"
+    )
+    negative: Annotated[list[Example], JsonText] = Field(
+        [], max_length=MAX_EXAMPLES, description="examples to be away from"
+    )
+    strategy: RecommendStrategy = Field(
+        DEFAULT_STRATEGY,
+        description="average_vector: search 2 avg(positive) - avg(negative); best_score: "
+        "an item scores its best similarity to a positive, or minus the square of its best "
+        "to a negative when that is higher",
+    )
 
 
 class EmbedRequest(Strict):

@@ -24,6 +24,7 @@ READ = [{}, {"APIKeyHeader": []}]  # no key, or the key: needed when the server 
 OPERATIONS: dict[tuple[str, str], tuple[str, list[dict[str, list[str]]] | None]] = {
     ("post", "/v1/search"): ("search", READ),
     ("post", "/v1/embed"): ("embed", READ),
+    ("post", "/v1/recommend"): ("recommend", READ),
     ("post", "/v1/items"): ("add_item", WRITE),
     ("get", "/v1/items/{key}"): ("get_item", READ),
     ("get", "/v1/items/{key}/thumbnail"): ("get_thumbnail", READ),

@@ -17,12 +17,14 @@ from pydantic import BaseModel
 
 from vitrieval.index.grouping import MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
+from vitrieval.index.recommend import MAX_EXAMPLES
 from vitrieval.index.store.filters import MAX_KEY_LENGTH as MAX_FILTER_KEY_LENGTH
 from vitrieval.index.store.request import MAX_DEPTH, MAX_OVERSAMPLE, MAX_SCROLL_LIMIT
 from vitrieval.service.app import create_app
 from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
 from vitrieval.service.routers.evaluate import EVALUATE_BODY
 from vitrieval.service.routers.items import ITEM_BODY, MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
+from vitrieval.service.routers.recommend import RECOMMEND_BODY
 from vitrieval.service.routers.scroll import SCROLL_BODY
 from vitrieval.service.routers.search import EMBED_BODY, SEARCH_BODY
 from vitrieval.service.schemas import (
@@ -116,6 +118,21 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
         for content_type in (JSON, MULTIPART, URLENCODED)
     },
 }
+EXPECTED["/v1/recommend"] = {
+    content_type: {
+        "k": K,
+        "label": LABEL,
+        "oversample": OVERSAMPLE,
+        "offset": OFFSET,
+        "group_by": GROUP_BY,
+        "group_size": GROUP_SIZE,
+        "positive": {"minItems": 1, "maxItems": MAX_EXAMPLES},
+        "positive[].vector": VECTOR,
+        "negative": {"maxItems": MAX_EXAMPLES},
+        "negative[].vector": VECTOR,
+    }
+    for content_type in (JSON, MULTIPART, URLENCODED)
+}
 EXPECTED["/v1/scroll"] = {
     content_type: {
         "label": LABEL,
@@ -132,6 +149,7 @@ BODIES: dict[str, RequestBody[Any]] = {
     "/v1/embed": EMBED_BODY,
     "/v1/evaluate": EVALUATE_BODY,
     "/v1/scroll": SCROLL_BODY,
+    "/v1/recommend": RECOMMEND_BODY,
 }
 
 

@@ -33,6 +33,7 @@ from .configure import (
     apply_index_settings,
     wants_settings,
 )
+from .recommend import add_recommend_command
 from .search import add_search_command
 from .shards import (
     add_shards_option,
@@ -515,6 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(handler=_merge)
 
     add_search_command(sub)
+    add_recommend_command(sub)
 
     add_bench_command(sub)
     add_configure_command(sub)

@@ -2,31 +2,24 @@
 
 Each query image is its own query, or with --fuse all of them are one (index/fusion.py);
 --filter narrows the hits by metadata (index/store/filters.py) and --rerank aqe re-ranks them
-(alpha query expansion); --oversample and --no-rescore set how a compressed index re-scores
-its candidates (index/store/_rescore.py); --offset and --score-threshold which part of
-the ranking is printed. What follows the embedding is
-`vitrieval.index.query`, as the HTTP service runs it.
+(alpha query expansion); the options every ranked command shares (--oversample,
+--offset, --group-by, ...) are ranking_options.py's, the printing ranked_output.py's.
+What follows the embedding is `vitrieval.index.query`, as the HTTP service runs it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..fusion import FUSIONS
-from ..grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
 from ..rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
-from ..store.request import DEFAULT_OVERSAMPLE, MAX_DEPTH, MAX_OVERSAMPLE
-from .arguments import ArgumentAdder, Subcommands
-from .common import (
-    add_runtime_options,
-    checked_oversample_option,
-    embedder_from_args,
-    open_index_with_model,
-)
+from .arguments import Subcommands
+from .common import add_runtime_options, embedder_from_args, open_index_with_model
+from .ranked_output import groups_json, hit_json, print_groups, print_hits, print_json
+from .ranking_options import add_ranking_options, grouping_option, read_filter, shaping_options
 
 if TYPE_CHECKING:
     from ..store.filters import Filter
@@ -41,13 +34,6 @@ def add_search_command(sub: Subcommands) -> None:
     search.add_argument("index")
     search.add_argument("images", nargs="+", help="query image files")
     search.add_argument("-k", type=int, default=10)
-    search.add_argument("--label", help="only return items with this label")
-    search.add_argument(
-        "--filter",
-        metavar="JSON",
-        help='only return items whose metadata satisfy this filter, e.g. \'{"must": [{"key": '
-        '"colour", "match": "red"}]}\': JSON text, or @FILE to read it from FILE',
-    )
     search.add_argument(
         "--fuse",
         choices=FUSIONS,
@@ -75,91 +61,11 @@ def add_search_command(sub: Subcommands) -> None:
         help="with --rerank aqe: the hits' weights are their scores to this power "
         f"(default {DEFAULT_AQE_ALPHA:g}; 0 is a plain average)",
     )
-    add_rescore_options(search)
-    search.add_argument(
-        "--offset",
-        type=int,
-        default=0,
-        metavar="N",
-        help=f"skip the N best hits: print ranks N + 1 to N + k (k + N at most {MAX_DEPTH})",
-    )
-    search.add_argument(
-        "--score-threshold",
-        type=float,
-        metavar="S",
-        help="leave out hits scoring below S (a query may then print fewer than k)",
-    )
-    search.add_argument(
-        "--group-by",
-        metavar="FIELD",
-        help='group the hits by FIELD ("label", or a metadata path): the -k best groups, '
-        "each with its --group-size best hits (--offset then counts groups)",
-    )
-    search.add_argument(
-        "--group-size",
-        type=int,
-        metavar="N",
-        help=f"with --group-by: hits per group (1 to {MAX_GROUP_SIZE}, default "
-        f"{DEFAULT_GROUP_SIZE})",
-    )
+    add_ranking_options(search)
     search.add_argument("--model", help="override the index's model (same fingerprint only)")
     search.add_argument("--json", action="store_true")
     add_runtime_options(search)
     search.set_defaults(handler=search_command)
-
-
-def add_rescore_options(parser: ArgumentAdder) -> None:
-    """--oversample N and --no-rescore: how an index that scores from compressed codes
-    (PQ, SQ) ranks each segment's candidates; exact indexes ignore both."""
-    parser.add_argument(
-        "--oversample",
-        type=int,
-        metavar="N",
-        help="a compressed index (PQ, SQ): each segment takes N x k candidates from its "
-        "codes and ranks them by their exact vectors (1 to "
-        f"{MAX_OVERSAMPLE}; default the index's setting, from `configure --oversample`, "
-        f"else {DEFAULT_OVERSAMPLE})",
-    )
-    parser.add_argument(
-        "--no-rescore",
-        dest="rescore",
-        action="store_false",
-        help="a compressed index: rank by the codes' approximate scores alone",
-    )
-
-
-def rescore_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The search's `rescore` and `oversample` from --no-rescore and --oversample,
-    checked (ValueError: out of range, or an oversampling with nothing re-scored)."""
-    oversample = checked_oversample_option(args.oversample)
-    if oversample is not None and not args.rescore:
-        raise ValueError("--oversample sets how many candidates are re-scored: drop --no-rescore")
-    return {"rescore": args.rescore, "oversample": oversample}
-
-
-def shaping_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`rescore_options` and the page: --offset and --score-threshold (checked by the
-    search's `Query`, a StoreError naming the limit)."""
-    return rescore_options(args) | {"offset": args.offset, "score_threshold": args.score_threshold}
-
-
-def read_filter(text: str | None) -> Filter | None:
-    """--filter's JSON text (or @FILE's), parsed into the filter language's `Filter`
-    (what the search takes): a bad one is a FilterError (a StoreError) or ValueError
-    naming the problem."""
-    from ..store.filters import parse_filter
-
-    if text is None:
-        return None
-    where = "--filter"
-    if text.startswith("@"):
-        where = f"--filter {text}"
-        text = Path(text[1:]).read_text(encoding="utf-8")
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{where} is not valid JSON ({exc})") from None
-    return parse_filter(raw)
 
 
 def _rerank(args: argparse.Namespace):
@@ -239,33 +145,20 @@ def search_command(args: argparse.Namespace) -> int:
         if note:
             print(f"vitrieval-index search: note: {note}", file=sys.stderr)
     if args.json:
-        payload = [
-            {
-                "query": query,
-                **({"fusion": args.fuse} if args.fuse else {}),
-                "hits": [hit_json(h) for h in hits],
-            }
-            for query, hits in zip(queries, results, strict=True)
-        ]
-        print(json.dumps(payload, indent=2))
+        print_json(
+            [
+                {
+                    "query": query,
+                    **({"fusion": args.fuse} if args.fuse else {}),
+                    "hits": [hit_json(h) for h in hits],
+                }
+                for query, hits in zip(queries, results, strict=True)
+            ]
+        )
         return 0
-    for query, hits in zip(queries, results, strict=True):
-        print(f"{' + '.join(query)} ({args.fuse} of {len(query)})" if args.fuse else query)
-        print(f"  {'rank':>4}  {'score':>7}  {'label':<16}  key")
-        for rank, hit in enumerate(hits, args.offset + 1):
-            print(f"  {rank:>4}  {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
+    titles = [f"{' + '.join(q)} ({args.fuse} of {len(q)})" if args.fuse else q for q in queries]
+    print_hits(titles, results, args.offset)
     return 0
-
-
-def hit_json(hit: Any) -> dict[str, Any]:
-    """One hit as --json prints it."""
-    return {
-        "key": hit.key,
-        "score": hit.score,
-        "label": hit.label,
-        "path": hit.path,
-        "metadata": hit.metadata,
-    }
 
 
 def grouped_search(
@@ -278,12 +171,10 @@ def grouped_search(
 ) -> int:
     """--group-by: each query's -k best groups (index/grouping.py), each with its
     --group-size best hits; every image its own query, or one with --fuse."""
-    from ..grouping import describe_grouping
     from ..query import search_store_groups
 
-    if args.group_by is None:
-        raise ValueError("--group-size needs --group-by")
-    grouping = describe_grouping(args.group_by, args.group_size)  # StoreError: bad values
+    grouping = grouping_option(args)
+    assert grouping is not None  # the caller saw --group-by or --group-size
     options = {"where": where, "rerank": rerank, **scoring}
     if args.fuse:
         queries: list[Any] = [[str(path) for path in args.images]]
@@ -294,22 +185,13 @@ def grouped_search(
         each = [embeddings[i : i + 1] for i in range(len(embeddings))]
     answers = [search_store_groups(store, x, args.k, grouping, **options) for x in each]
     if args.json:
-        payload = [
-            {
-                "query": query,
-                "group_by": args.group_by,
-                "groups": [
-                    {"value": g.value, "hits": [hit_json(h) for _, h in g.hits]} for g in groups
-                ],
-            }
-            for query, groups in zip(queries, answers, strict=True)
-        ]
-        print(json.dumps(payload, indent=2))
+        print_json(
+            [
+                {"query": query, "group_by": args.group_by, "groups": groups_json(groups)}
+                for query, groups in zip(queries, answers, strict=True)
+            ]
+        )
         return 0
-    for query, groups in zip(queries, answers, strict=True):
-        print(" + ".join(query) if args.fuse else query)
-        for rank, found in enumerate(groups, args.offset + 1):
-            print(f"  group {rank}: {args.group_by} = {found.value!r}")
-            for _, hit in found.hits:
-                print(f"    {hit.score:>7.4f}  {hit.label or '-':<16}  {hit.key}")
+    titles = [" + ".join(q) if args.fuse else q for q in queries]
+    print_groups(titles, answers, args.group_by, args.offset)
     return 0

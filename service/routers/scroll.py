@@ -19,20 +19,14 @@ from ..errors import error_responses, store_error
 from ..inputs import RequestBody
 from ..schemas import ScrollRequest
 
-router = APIRouter(prefix="/v1", tags=["items"])
+router = APIRouter(prefix="/v1", tags=["items"], dependencies=[ReadAccess])
 SCROLL_BODY = RequestBody(ScrollRequest, image_field=None)
 """JSON, or a form (its filter as JSON text): no image."""
 
 
-@router.post(
-    "/scroll",
-    summary="List the items a filter allows, a page at a time, in key order",
-    operation_id="scroll",
-    dependencies=[ReadAccess],
-    responses=error_responses(400, 401, 413, 415, 422),
-    openapi_extra=SCROLL_BODY.openapi(),
-)
+@SCROLL_BODY.post(router, "/scroll", error_responses(400, 401, 413, 415, 422))
 async def scroll(request: Request, state: ServiceDep) -> ScrollResponse:
+    """List the items a filter allows, a page at a time, in key order."""
     body, _ = await SCROLL_BODY.read(request)
     flt = Where(label=body.label, filter=body.filter).allowed
     try:

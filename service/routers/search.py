@@ -12,20 +12,19 @@ runs in
 from __future__ import annotations
 
 import asyncio
-import time
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 
-from vitrieval.index.fusion import FusionError
-from vitrieval.index.grouping import describe_grouping
-from vitrieval.index.query import AQE, Where, search_fused, search_groups
-from vitrieval.index.store import Hit, StoreError
+from vitrieval.index.query import AQE, Where, search_fused
+from vitrieval.index.store import Hit
 
 from ..answers import EmbedResponse, GroupOut, HitOut, SearchResponse
 from ..deps import ReadAccess, ServiceDep
-from ..errors import ApiError, error_responses, store_error
+from ..errors import ApiError, error_responses
 from ..inputs import ImageUpload, RequestBody
+from ..ranking import ranked_answer
 from ..schemas import MAX_QUERY_IMAGES, EmbedRequest, SearchRequest
 from ..state import ServiceState, Timings
 
@@ -102,31 +101,13 @@ async def _search(
 ) -> tuple[list[HitOut], list[GroupOut] | None]:
     """The hits of `vectors` (one query's embeddings) with the request's k, fusion,
     re-scoring and page, narrowed by `where` and re-ranked by `rerank`; with
-    `group_by`, no hits but its groups."""
-    started = time.perf_counter()
-    options = {"fusion": query.fusion, "where": where, "rerank": rerank, **query.shaping()}
-    try:
-        grouping = describe_grouping(query.group_by, query.group_size)
-        if grouping is not None:
-            groups = await search_groups(state.index, vectors, query.k, grouping, **options)
-        else:
-            found = await search_fused(state.index, vectors, query.k, **options)
-    except FusionError as exc:
-        raise ApiError(422, "invalid_request", str(exc)) from None
-    except StoreError as exc:  # no DBA vectors, a filter on what the index lacks...
-        raise store_error(exc, 422, "invalid_request") from None
-    timings.search = (time.perf_counter() - started) * 1000
-    state.metrics.observe_stage("search", timings.search / 1000)
-    if grouping is not None:
-        return [], [GroupOut(value=g.value, hits=_hits(g.hits)) for g in groups]
-    return _hits(found), None
+    `group_by`, no hits but its groups (service/ranking.py)."""
 
+    async def ranked(k: int, shaping: dict[str, Any]) -> list[tuple[int, Hit]]:
+        options = {"fusion": query.fusion, "where": where, "rerank": rerank, **shaping}
+        return await search_fused(state.index, vectors, k, **options)
 
-def _hits(found: list[tuple[int, Hit]]) -> list[HitOut]:
-    return [
-        HitOut(key=h.key, score=float(h.score), label=h.label, metadata=h.metadata)
-        for _, h in found
-    ]
+    return await ranked_answer(state, query, ranked, timings)
 
 
 @router.post(

@@ -130,6 +130,47 @@ def search(
     return Call("POST", "/v1/search", _model(answers.SearchResponse), json=body)
 
 
+Example = str | VectorInput | ImageInput
+"""A recommendation example: an indexed item's key (a str), a vector or an image."""
+
+
+def recommend(
+    positive: Sequence[Example],
+    negative: Sequence[Example] = (),
+    *,
+    strategy: Literal["average_vector", "best_score"] | None = None,
+    k: int = 10,
+    label: str | None = None,
+    filter: Filter | None = None,
+    **shaping: Any,
+) -> Call[answers.SearchResponse]:
+    """The `k` items most like the `positive` examples and unlike the `negative` ones
+    (`strategy`: "average_vector", the default, or "best_score"; docs/index.md). An
+    example is an indexed item's key (a str, left out of the hits), a vector (a numpy
+    array or a list of floats) or an image (a path, bytes, a file object or a PIL
+    image: wrap a path in `pathlib.Path`, as a str is a key). `shaping`: `search`'s
+    `rescore`, `oversample`, `offset`, `score_threshold`, `group_by`, `group_size`."""
+    body = _given(
+        positive=[example_json(e) for e in positive],
+        negative=[example_json(e) for e in negative],
+        strategy=strategy,
+        k=k,
+        label=label,
+        filter=dict(filter) if filter is not None else None,
+        **shaping,
+    )
+    return Call("POST", "/v1/recommend", _model(answers.SearchResponse), json=body)
+
+
+def example_json(example: Example) -> dict[str, Any]:
+    """One recommendation example as the API takes it."""
+    if isinstance(example, str):
+        return {"key": example}
+    if isinstance(example, list | tuple) or getattr(example, "ndim", None) == 1:
+        return {"vector": vector_list(example)}
+    return {"image_base64": image_base64(example)}
+
+
 def scroll(
     *,
     filter: Filter | None = None,

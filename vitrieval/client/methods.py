@@ -152,6 +152,7 @@ class Methods:
     """The API's calls, grouped by route; vitrieval.client.calls documents each."""
 
     search, embed = method(calls.search), method(calls.embed)  # /v1/search, /v1/embed
+    recommend = method(calls.recommend)  # /v1/recommend
     add, get, delete = method(calls.add), method(calls.get), method(calls.delete)
     thumbnail = method(calls.thumbnail)  # /v1/items/{key}/thumbnail
     scroll = method(calls.scroll)  # /v1/scroll
