@@ -33,6 +33,7 @@ from .configure import (
     apply_index_settings,
     wants_settings,
 )
+from .duplicates import add_duplicates_command
 from .recommend import add_recommend_command
 from .search import add_search_command
 from .shards import (
@@ -515,12 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--all", action="store_true", help="fold every segment into one")
     merge.set_defaults(handler=_merge)
 
-    add_search_command(sub)
-    add_recommend_command(sub)
-
-    add_bench_command(sub)
-    add_configure_command(sub)
-    add_tune_command(sub)
+    # the commands of their own modules
+    for add in (add_search_command, add_recommend_command, add_duplicates_command,
+                add_bench_command, add_configure_command, add_tune_command):  # fmt: skip
+        add(sub)
 
     export = sub.add_parser(
         "export-dataset", help="write a dataset split as image files (a folder per class + CSV)"
