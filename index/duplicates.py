@@ -11,9 +11,12 @@ links them.
 Resumable: after every batch, its pairs and the key it ended at are appended to a
 state file (one JSON line, flushed and fsynced); a run killed at any point and started
 again with the same state file replays those lines (a torn last line is ignored) and
-goes on after the last key recorded, to the same groups an uninterrupted run finds.
-The state file's first line records the threshold and filter: a run with others
-starts over.
+goes on after the last key recorded, to the same groups an uninterrupted run of the
+unchanged index finds. Items removed in between drop out of the groups; an item added
+in between whose key sorts before where the run stopped is searched only from the
+other side (its pairs with items after the cursor). The state file's first line
+records the index (its folder and creation time), the threshold and the filter: a run
+with any of them different starts over.
 
 Which item a group keeps (KEEP_RULES): "largest" (the most pixels of its image file,
 then the largest file), "oldest" (the earliest modified image file) or
@@ -85,7 +88,9 @@ def find_duplicates(
     (module docstring), largest groups first; `state` makes the run resumable."""
     keep = check_keep_rule(keep)
     where = Where(filter=filter)
-    header = {"threshold": float(threshold), "filter": _jsonable(filter)}
+    info = store.info()  # the index itself: another one (or one made again) starts over
+    header = {"index": str(Path(info["directory"]).resolve()), "created": info.get("created"),
+              "threshold": float(threshold), "filter": _jsonable(filter)}  # fmt: skip
     pairs, after = _replay(state, header)
     Query(np.zeros((1, store.dim), np.float32), 1, score_threshold=threshold)  # checks it
     done = 0
@@ -96,7 +101,8 @@ def find_duplicates(
                 break
             keys = [item.key for item in page.items]
             found = _pairs_of(store, keys, where, threshold)
-            pairs.update(found)
+            for pair, score in found.items():  # found from either side: the best score
+                pairs[pair] = max(score, pairs.get(pair, score))
             after = keys[-1]
             record({"after": after, "pairs": [[a, b, s] for (a, b), s in found.items()]})
             done += len(keys)
@@ -130,6 +136,9 @@ def _pairs_of(store: Any, keys: list[str], where: Where, threshold: float) -> di
 
 
 def _groups(store: Any, pairs: dict[tuple[str, str], float], keep: str) -> list[DuplicateGroup]:
+    # a resumed run's earlier pairs may name items removed since: they link nothing now
+    gone = {key for pair in pairs for key in pair if key not in store}
+    pairs = {(a, b): s for (a, b), s in pairs.items() if a not in gone and b not in gone}
     parent: dict[str, str] = {}
 
     def root(key: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from .store import Hit
 from .store.errors import StoreError
 from .store.filters import FieldRef, Scalar, field_ref, field_values, typed
-from .store.request import MAX_DEPTH
+from .store.request import MAX_DEPTH, checked_offset
 
 MAX_GROUP_SIZE = 100
 """The most hits one group may ask for."""
@@ -89,6 +89,7 @@ async def grouped(
 ) -> list[Group]:
     """Groups offset + 1 to offset + k of the ranking `rank(depth)` answers (its top
     `depth` hits), read deeper until settled (module docstring)."""
+    offset = checked_offset(k, offset)
     wanted = k + offset
     depth = min(MAX_DEPTH, wanted * grouping.size * 2)
     while True:
@@ -103,5 +104,7 @@ def describe_grouping(group_by: Any, group_size: Any) -> Grouping | None:
     """The `Grouping` of a request's `group_by` and `group_size` (None without
     `group_by`; a StoreError naming what is wrong)."""
     if group_by is None:
+        if group_size is not None:
+            raise StoreError("group_size needs group_by")
         return None
     return Grouping(group_by, DEFAULT_GROUP_SIZE if group_size is None else group_size)

@@ -12,10 +12,10 @@ raw vector). Two strategies:
   to every positive ranks below every item that is not, the nearer that negative the
   lower). The candidates are the union of each positive's own ranking, read to the
   page's depth and then deeper while an item outside them could still rank on the
-  page (it scores at most max(b, 0), b the lowest score any positive's ranking was
-  read to); a ranking that ends has every item. So on an exact (Flat) index it is
-  brute force; on an approximate one it ranks the union of the positives'
-  candidates.
+  page (it scores at most max(b, 0), b the highest of the scores the positives'
+  rankings were read down to); a ranking that ends has every item. So on an exact
+  (Flat) index it is brute force; on an approximate one it ranks the union of the
+  positives' candidates.
 
 Equal scores go by ascending item id; `offset` and `score_threshold` cut the ranking
 as they cut a search's (index/store/request.py).
@@ -56,13 +56,13 @@ def check_examples(positive: np.ndarray, negative: np.ndarray, strategy: Any) ->
 
 
 def average_query(positive: np.ndarray, negative: np.ndarray) -> np.ndarray:
-    """float32 (d,): 2 avg(P) - avg(N) (avg(P) without negatives), normalised; the
-    positives themselves when that is zero (negatives equal to the positives)."""
+    """float32 (d,): 2 avg(P) - avg(N) (avg(P) without negatives), normalised; a
+    StoreError when that is zero (opposite examples cancel out)."""
     mean = positive.astype(np.float64).mean(axis=0)
     q = 2 * mean - negative.astype(np.float64).mean(axis=0) if len(negative) else mean
     norm = np.linalg.norm(q)
-    if norm == 0:
-        q, norm = mean, np.linalg.norm(mean)
+    if norm < 1e-6:
+        raise StoreError("the examples cancel out: their average_vector query is zero")
     return (q / norm).astype(np.float32)
 
 
@@ -141,8 +141,11 @@ async def _best_score_ranking(
             ((item, hit, float(s)) for ((item, hit), _), s in zip(kept, scores, strict=True)),
             key=lambda entry: (-entry[2], entry[0]),
         )
-        ended = all(len(row) < depth for row in rows)  # every item has been seen
-        bound = max(0.0, min(row[-1][1].score for row in rows if row)) if keys else 0.0
+        # every positive searched the same items: one ranking that ended saw them all
+        ended = any(len(row) < depth for row in rows)
+        # an item outside every ranking scores below each one's last: at most the
+        # highest of those against a positive, and at most 0 against a negative
+        bound = max(0.0, max(row[-1][1].score for row in rows)) if not ended else 0.0
         settled = len(ranked) >= cut.depth and ranked[cut.depth - 1][2] > bound
         if ended or settled or depth == MAX_DEPTH:
             top = ranked[: cut.depth]

@@ -241,6 +241,14 @@ class RecommendRequest(RankedRequest):
     negative: Annotated[list[Example], JsonText] = Field(
         [], max_length=MAX_EXAMPLES, description="examples to be away from"
     )
+
+    @model_validator(mode="after")
+    def _few_examples(self) -> RecommendRequest:
+        given = len(self.positive) + len(self.negative)
+        if given > MAX_EXAMPLES:  # checked before any image is embedded
+            raise ValueError(f"at most {MAX_EXAMPLES} examples in all, got {given}")
+        return self
+
     strategy: RecommendStrategy = Field(
         DEFAULT_STRATEGY,
         description="average_vector: search 2 avg(positive) - avg(negative); best_score: "

@@ -182,3 +182,23 @@ def test_a_killed_run_resumes_to_the_same_groups(store, catalogue, tmp_path) -> 
     assert 0 < recorded < len(catalogue["keys"]) / 5
     want = [g.as_json() for g in find_duplicates(store, THRESHOLD)]
     assert resumed == want and not state.exists()
+
+
+def test_a_resumed_run_drops_items_removed_meanwhile(catalogue, tmp_path) -> None:
+    s = IndexStore.create(tmp_path / "index", dim=DIM, factory="Flat")
+    s.add(catalogue["keys"], catalogue["x"])
+    s.save()
+    state = tmp_path / "state.partial"
+    first = find_duplicates(s, THRESHOLD, state=state, batch=50)
+    lines = state.read_text().splitlines()
+    state.write_text("\n".join(lines[:4]) + "\n")  # as if it stopped after 3 batches
+    gone = first[0].keys[0]
+    s.remove([gone])
+    resumed = find_duplicates(s, THRESHOLD, state=state, batch=50)
+    assert resumed == find_duplicates(s, THRESHOLD, batch=50)
+    assert all(gone not in g.keys for g in resumed)
+    # another index (made again in the same folder) does not take the old pairs
+    s.close()
+    other = IndexStore.create(tmp_path / "other", dim=DIM, factory="Flat")
+    other.add(catalogue["keys"][:500], catalogue["x"][:500])
+    assert find_duplicates(other, THRESHOLD, state=state) == find_duplicates(other, THRESHOLD)

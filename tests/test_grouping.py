@@ -17,9 +17,10 @@ from PIL import Image
 from store_helpers import brute_force, exact_vectors
 
 from vitrieval.client import calls
+from vitrieval.index import grouping
 from vitrieval.index.contract import LocalIndex
-from vitrieval.index.grouping import MAX_GROUP_SIZE, Grouping, group
-from vitrieval.index.query import search_groups
+from vitrieval.index.grouping import MAX_GROUP_SIZE, Grouping, describe_grouping, group
+from vitrieval.index.query import search_fused, search_groups
 from vitrieval.index.store import Hit, IndexStore, StoreError
 from vitrieval.service.app import create_app
 from vitrieval.service.settings import Settings
@@ -151,6 +152,16 @@ def test_bad_groupings_are_refused(by, size, message) -> None:
         Grouping(by, size)
 
 
+def test_a_grouped_page_checks_its_offset(store, catalogue) -> None:
+    index, q = LocalIndex(store), catalogue["q"][:1]
+    for offset, message in ((-1, "offset must be an integer >= 0"), (9_999, "k \\+ offset")):
+        with pytest.raises(StoreError, match=message):
+            rank = lambda d: search_fused(index, q, d)  # noqa: E731
+            asyncio.run(grouping.grouped(rank, 2, Grouping("shop"), offset))
+    with pytest.raises(StoreError, match="group_size needs group_by"):
+        describe_grouping(None, 3)
+
+
 def test_the_client_sends_them_only_when_given() -> None:
     assert not {"group_by", "group_size"} & set(calls.search(key="a").json)
     body = calls.search(key="a", group_by="shop", group_size=2).json
@@ -177,7 +188,8 @@ def test_the_http_search_answers_groups(served, catalogue, tiny_onnx) -> None:
         assert [(g["value"], [int(h["key"]) for h in g["hits"]]) for g in groups] == want
         form = client.post("/v1/search", data={"key": "7", "group_by": "shop", "offset": "1"})
         assert form.status_code == 200 and len(form.json()["groups"]) == 10, form.text
-        for bad in ({"group_by": "a..b"}, {"group_by": "shop", "group_size": 0}):
+        for bad in ({"group_by": "a..b"}, {"group_by": "shop", "group_size": 0},
+                    {"group_size": 2}, {"group_by": "shop", "k": 10, "offset": 9_995}):  # fmt: skip
             answer = client.post("/v1/search", json={"vector": q[0].tolist(), **bad})
             assert answer.status_code == 422, answer.text
             assert answer.json()["code"] == "invalid_request"

@@ -69,6 +69,32 @@ def test_negatives_move_the_answer_as_each_strategy_defines(tmp_path) -> None:
     assert keys(n, "best_score") == [("0", 0.8), ("1", 0.8), ("3", 0.0), ("2", round(-c * c, 4))]
 
 
+def test_best_score_reads_on_while_any_positive_could_still_lift_an_unseen_item(tmp_path):
+    # positive e0's neighbours a3, x; positive e1's b1, b2 (far below); a1 is the
+    # negative and scores -a1^2 for items nearer it. Read 2 deep, e1's ranking ends
+    # low (0.3) while e0's could still hold x (0.95): the bound is the highest of the
+    # rankings' last scores, not the lowest
+    e = np.eye(5, dtype=np.float32)
+
+    def u(v):
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+    a1 = u(0.99 * e[0] + 0.14 * e[2])
+    x = np.stack([a1, u(0.985 * e[0] + 0.17 * e[4]), u(0.95 * e[0] - 0.31 * e[2]),
+                  u(0.3 * e[1] + 0.95 * e[3]), u(0.2 * e[1] + 0.98 * e[3])])  # fmt: skip
+    index = LocalIndex(store_of(tmp_path / "five", x))
+    positive, negative = e[:2], a1[None, :]
+    got = asyncio.run(recommend(index, positive, negative, 2, strategy="best_score"))
+    assert [h.key for _, h in got] == brute_force(x, positive, negative, 2) == ["1", "2"]
+
+
+def test_examples_that_cancel_out_are_refused(tmp_path) -> None:
+    x = np.eye(4, dtype=np.float32)
+    index = LocalIndex(store_of(tmp_path / "four", x))
+    with pytest.raises(StoreError, match="the examples cancel out"):
+        asyncio.run(recommend(index, np.stack([x[0], -x[0]]), x[:0], 2))
+
+
 @pytest.fixture(scope="module")
 def catalogue(tmp_path_factory) -> dict:
     rng = np.random.default_rng(60)

@@ -117,15 +117,7 @@ class Query:
         object.__setattr__(self, "rescore", bool(self.rescore))
         if self.oversample is not None:
             object.__setattr__(self, "oversample", checked_oversample(self.oversample))
-        offset = self.offset
-        if not isinstance(offset, int | np.integer) or isinstance(offset, bool) or offset < 0:
-            raise StoreError(f"offset must be an integer >= 0, got {offset!r}")
-        object.__setattr__(self, "offset", int(offset))
-        if self.k + self.offset > MAX_DEPTH:
-            raise StoreError(
-                f"k + offset must be at most {MAX_DEPTH}, got {self.k + self.offset}: "
-                "page deeper with a filter, or list the items with scroll"
-            )
+        object.__setattr__(self, "offset", checked_offset(self.k, self.offset))
         if self.score_threshold is not None:
             object.__setattr__(self, "score_threshold", checked_threshold(self.score_threshold))
 
@@ -173,6 +165,19 @@ class Query:
 
 SHAPING = ("rescore", "oversample", "offset", "score_threshold")
 """Query's fields besides the vectors, k and Where: how hits are scored and cut."""
+
+
+def checked_offset(k: int, offset: Any) -> int:
+    """`offset` as a page's start: an integer >= 0 with k + offset at most MAX_DEPTH
+    (k counts hits, or groups for a grouped search)."""
+    if not isinstance(offset, int | np.integer) or isinstance(offset, bool) or offset < 0:
+        raise StoreError(f"offset must be an integer >= 0, got {offset!r}")
+    if k + offset > MAX_DEPTH:
+        raise StoreError(
+            f"k + offset must be at most {MAX_DEPTH}, got {k + offset}: "
+            "page deeper with a filter, or list the items with scroll"
+        )
+    return int(offset)
 
 
 def checked_threshold(value: Any) -> float:
