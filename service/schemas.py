@@ -285,6 +285,25 @@ class ItemCreate(Strict):
         description="add this vector instead of an image (JSON only)",
     )
     replace: bool = Field(False, description="overwrite an item with the same key")
+    on_duplicate: Literal["allow", "reject"] = Field(
+        "allow",
+        description="reject: refuse (409 `duplicate`, naming the nearest item) an item "
+        "whose vector scores at least `duplicate_threshold` against one already indexed",
+    )
+    duplicate_threshold: float | None = Field(
+        None,
+        ge=-1,
+        le=1,
+        allow_inf_nan=False,
+        description="with on_duplicate reject: the score (cosine) from which an item is a "
+        "duplicate (docs/duplicates.md)",
+    )
+
+    @model_validator(mode="after")
+    def _duplicate_rule(self) -> ItemCreate:
+        if self.on_duplicate == "reject" and self.duplicate_threshold is None:
+            raise ValueError("on_duplicate 'reject' needs duplicate_threshold")
+        return self
 
     @field_validator("metadata")
     @classmethod

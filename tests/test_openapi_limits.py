@@ -63,6 +63,7 @@ RERANK_ALPHA = {"minimum": 0, "maximum": MAX_AQE_ALPHA}
 IMAGES = {"minItems": 1, "maxItems": MAX_QUERY_IMAGES}
 OVERSAMPLE = {"minimum": 1, "maximum": MAX_OVERSAMPLE}
 OFFSET = {"minimum": 0, "maximum": MAX_DEPTH - 1}
+SCORE = {"minimum": -1, "maximum": 1}  # a cosine
 GROUP_BY = {"maxLength": MAX_FILTER_KEY_LENGTH}
 GROUP_SIZE = {"minimum": 1, "maximum": MAX_GROUP_SIZE}
 
@@ -103,8 +104,13 @@ EXPECTED: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
         },
     },
     "/v1/items": {
-        JSON: {"key": {"pattern": KEY_PATTERN}, "label": LABEL, "vector": VECTOR},
-        MULTIPART: {"key": {"pattern": KEY_PATTERN}, "label": LABEL},
+        JSON: {
+            "key": {"pattern": KEY_PATTERN},
+            "label": LABEL,
+            "vector": VECTOR,
+            "duplicate_threshold": SCORE,
+        },
+        MULTIPART: {"key": {"pattern": KEY_PATTERN}, "label": LABEL, "duplicate_threshold": SCORE},
     },
     "/v1/embed": {JSON: {}, MULTIPART: {}},
     "/v1/evaluate": {

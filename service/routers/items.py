@@ -16,11 +16,13 @@ import io
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from PIL import Image
 from pydantic import AfterValidator
 
+from vitrieval.index.query import Where, search
 from vitrieval.index.runtime.images import open_image
 from vitrieval.index.store import KeyExistsError, StoreError
 
@@ -29,7 +31,7 @@ from ..deps import ReadAccess, ServiceDep, WriteAccess
 from ..errors import ApiError, error_responses, storage_error, store_error
 from ..inputs import RequestBody
 from ..schemas import ItemCreate
-from ..state import Timings
+from ..state import ServiceState, Timings
 from ..text import checked_lookup_key
 
 router = APIRouter(prefix="/v1/items", tags=["items"])
@@ -69,6 +71,8 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
         vector, path, created = state.check_vector(item.vector), None, False
     metadata = item.metadata or {}
     try:
+        if item.on_duplicate == "reject":
+            await _refuse_duplicate(state, item, vector)
         replaced = item.replace and await state.index.contains(item.key)
         await state.index.add(
             [item.key],
@@ -78,11 +82,11 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
             metadata=[metadata],
             replace=item.replace,
         )
-    except (StoreError, OSError) as exc:
+    except (StoreError, OSError, ApiError) as exc:
         if created:  # nobody refers to the upload: do not leave it behind
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-        raise _store_error(exc, item.key) from None
+        raise exc if isinstance(exc, ApiError) else _store_error(exc, item.key) from None
     return ItemWritten(
         key=item.key,
         label=item.label,
@@ -90,6 +94,24 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
         has_image=path is not None,
         replaced=replaced,
     )
+
+
+async def _refuse_duplicate(state: ServiceState, item: ItemCreate, vector: np.ndarray) -> None:
+    """A 409 `duplicate` when an indexed item (not the one a replace overwrites) scores
+    at least the item's duplicate_threshold against `vector`. Two such adds at once
+    may both pass: the check is a search, not a lock."""
+    where = Where(exclude_keys=[item.key] if item.replace else [])
+    found = await search(
+        state.index, vector[None, :], 1, where=where, score_threshold=item.duplicate_threshold
+    )
+    if found[0]:
+        hit = found[0][0][1]
+        raise ApiError(
+            409,
+            "duplicate",
+            f"{hit.key!r} is a near-duplicate (score {hit.score:.4f}, at least the "
+            f"duplicate_threshold {item.duplicate_threshold:g}); nothing was added",
+        )
 
 
 @router.get(

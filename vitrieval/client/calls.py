@@ -205,11 +205,14 @@ def add(
     label: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     replace: bool = False,
+    duplicate_threshold: float | None = None,
 ) -> Call[answers.ItemWritten]:
     """Add an item under `key`: an image (embedded by the server, kept for its
     thumbnail) or a vector, with an optional label and metadata. An existing key is
-    a `ConflictError` unless `replace`. Needs the write key. Only an add with
-    `replace=True` is retried (a plain add sent twice would conflict with itself)."""
+    a `ConflictError` unless `replace`. With `duplicate_threshold`, an item scoring at
+    least that against an indexed one (another key) is refused: a `ConflictError` whose
+    code is "duplicate" and whose message names it. Needs the write key. Only an add
+    with `replace=True` is retried (a plain add sent twice would conflict with itself)."""
     body = _given(
         key=key,
         label=label,
@@ -219,6 +222,8 @@ def add(
     )
     if replace:
         body["replace"] = True
+    if duplicate_threshold is not None:
+        body |= {"on_duplicate": "reject", "duplicate_threshold": duplicate_threshold}
     return Call(
         "POST", "/v1/items", _model(answers.ItemWritten), json=body, write=True, idempotent=replace
     )

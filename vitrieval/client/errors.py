@@ -55,7 +55,8 @@ class NotFoundError(APIError):
 
 
 class ConflictError(APIError):
-    """409: an item with that key exists (add with `replace=True`), or the index
+    """409: an item with that key exists (add with `replace=True`), a near-duplicate
+    is indexed (an add with `duplicate_threshold`; `code` "duplicate"), or the index
     refused the change."""
 
 
