@@ -36,7 +36,9 @@ store_scale.py's `TopK`, fed part by part):
   FAISS file read into RAM, the exact vectors copied into its IndexFlat; `k_factor` is
   the oversample) at the same nprobes and oversamples, N <= 1M and one segment only: the
   same latency, recall and QPS columns, and the store's p50 / RefineFlat's p50 at the
-  same setting (the same candidates, so the same recall).
+  same setting (the same candidates, so the same recall); then a **paired** pass, the
+  store's and RefineFlat's search of each query one after the other (alternating which
+  goes first), so that the ratios compare latencies measured under the same load.
 - Milvus Lite (`--milvus-python PY`, a Python with pymilvus and milvus-lite, in child
   processes as store_scale.py runs it): the N vectors inserted once, then its
   `--milvus-index` (default IVF_SQ8, its compressed IVF index; milvus-lite has no
@@ -68,7 +70,6 @@ Run:  .venv/bin/python bench/compressed_search.py --n 1000000 --json out.json
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -78,6 +79,7 @@ from typing import Any
 
 import faiss
 import numpy as np
+from compressed_report import CORES, K, Row, markdown, write_json  # bench/compressed_report.py
 from machine import describe, load_average, work_directory  # bench/machine.py
 from search_qps import SEED, D, make_mixture
 from store_scale import (
@@ -96,15 +98,11 @@ from store_scale import (
     pct,
     recall,
     run_json,
-    table,
 )
 
-K = 10
 TRAIN_MAX = 200_000
 SAVE_EVERY = 1_000_000
-CORES = os.cpu_count() or 1
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
-Row = dict[str, Any]
 
 
 def factories(n: int) -> dict[str, str]:
@@ -430,25 +428,55 @@ def measure_refine(index: Path, work: Path, data: dict[str, Any], store_row: Row
         f"RAM): loaded in {load_s:.1f} s, RSS +{row['rss_added_mb']:,.0f} MB",
         flush=True,
     )
+    from vitrieval.index.store import IndexStore
+
     q, exact = data["queries"], data["exact"]
     wanted = [(s["nprobe"], s["oversample"]) for s in store_row["settings"] if s["rescore"]]
+    store = IndexStore.open(index)
     for nprobe, k_factor in wanted:
         ivf.nprobe = nprobe
         refine.k_factor = float(k_factor)
+        store.set_search_params(nprobe=nprobe)
 
         def search(qq: np.ndarray) -> list[list[int]]:
             return refine.search(qq, K)[1].tolist()
 
+        ours = store_searcher(store, True, k_factor)
         r = {"nprobe": nprobe, "oversample": k_factor} | single_pass(search, q, exact)
         r["qps"] = batch_qps(search, q)
+        r["paired"] = paired_pass(ours, search, q)
         r["load"] = load_average()
         row["settings"].append(r)
+        pair = r["paired"]
         print(
             f"  RefineFlat nprobe {nprobe} k_factor {k_factor}: recall@10 {r['recall@10']:.3f}, "
-            f"p50/p99 {r['p50_ms']:.2f}/{r['p99_ms']:.2f} ms, {r['qps']:,.0f} QPS",
+            f"p50/p99 {r['p50_ms']:.2f}/{r['p99_ms']:.2f} ms, {r['qps']:,.0f} QPS; paired "
+            f"with the store: p50 {pair['a_p50_ms']:.2f} against {pair['b_p50_ms']:.2f} ms "
+            f"({pair['p50_ratio']:.2f}x), p99 {pair['p99_ratio']:.2f}x",
             flush=True,
         )
+    store.close()
     return row  # the RefineFlat index (its RAM) goes with this frame
+
+
+def paired_pass(a: Any, b: Any, q: np.ndarray) -> Row:
+    """Both searches of every query, alternating which goes first, from one thread:
+    their latencies side by side under the same load (a shared machine's bursts hit
+    both), p50 and p99 each and as a / b ratios."""
+    faiss.omp_set_num_threads(1)
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(len(q)):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for which in order:
+            t0 = time.perf_counter()
+            (a, b)[which](q[i : i + 1])
+            times[which].append(1e3 * (time.perf_counter() - t0))
+    row = {f"{side}_{stat}_ms": pct(t, level)
+           for side, t in zip("ab", times, strict=True)
+           for stat, level in (("p50", 50), ("p99", 99))}  # fmt: skip
+    row["p50_ratio"] = row["a_p50_ms"] / row["b_p50_ms"]
+    row["p99_ratio"] = row["a_p99_ms"] / row["b_p99_ms"]
+    return row
 
 
 def rss_mb() -> float:
@@ -476,181 +504,6 @@ def bench_milvus(args: argparse.Namespace, work: Path, data: dict[str, Any]) -> 
         args.milvus_python, work, kind, spec, nprobe, sub, inserted, args.n, 1
     )
     return row | {"queries": mq, "nprobe": nprobe, "insert": inserted}
-
-
-# -- report ------------------------------------------------------------------------------
-
-
-def f2(v: float) -> str:
-    return f"{v:,.2f}"
-
-
-def rss_cell(rss: Row, total: str, split: str) -> str:
-    """'TOTAL (ANON + FILE)' in MB; the split only where the run recorded it."""
-    parts = rss.get(split)
-    if not parts:
-        return f"{rss[total]:,.0f}"
-    return f"{rss[total]:,.0f} ({parts['RssAnon']:,.0f} + {parts['RssFile']:,.0f})"
-
-
-def markdown(res: Row) -> str:
-    facs: dict[str, Row] = res["factories"]
-    parts = [f"N = {res['n']:,}, d = {D}, k = {K}, {res['queries']:,} queries"]
-    parts += [
-        "",
-        table(
-            ["factory", "build s", "segments", "disk B/vector (FAISS + vectors)",
-             "RSS after open MB (anon + file)", "RSS after searches MB (searches)",
-             "cold p50 / p99 ms"],
-            [
-                [
-                    r["factory"],
-                    f"{r['build_s']:.1f}",
-                    str(r["segments"]),
-                    f"{r['disk_bytes_per_vector']:,.0f} ({r['faiss_bytes_per_vector']:,.0f} + "
-                    f"{r['vectors_bytes_per_vector']:,.0f})",
-                    rss_cell(r["rss"], "rss_after_open_mb", "after_open"),
-                    rss_cell(r["rss"], "rss_after_searches_mb", "after_searches")
-                    + f" ({r['rss']['searches']:,})",
-                    (
-                        f"{r['cold']['p50_ms']:.2f} / {r['cold']['p99_ms']:.2f}"
-                        if "p50_ms" in r.get("cold", {})
-                        else "not measured"
-                    ),
-                ]
-                for r in facs.values()
-                if "rss" in r and "build_s" in r
-            ],
-        ),
-    ]  # fmt: skip
-    sq8 = facs.get("ivf-sq8", {}).get("settings", [])
-    sq8_base = next((s for s in sq8 if not s["rescore"]), None)
-    rows = []
-    for r in facs.values():
-        settings = r.get("settings", [])
-        for s in settings:
-            codes = next(
-                (c for c in settings if c["nprobe"] == s["nprobe"] and not c["rescore"]), None
-            )
-            label = (
-                f"x{s['oversample']}" if s["rescore"] else ("off" if r["compressed"] else "exact")
-            )
-            rows.append(
-                [
-                    r["factory"],
-                    str(s["nprobe"] or "-"),
-                    label,
-                    f"{s['recall@10']:.3f}",
-                    f2(s["p50_ms"]),
-                    f2(s["p99_ms"]),
-                    f"{s['qps']:,.0f}",
-                    f"{s['p50_ms'] / codes['p50_ms']:.2f}x" if codes and r["compressed"] else "",
-                    f"{s['p99_ms'] / codes['p99_ms']:.2f}x" if codes and r["compressed"] else "",
-                    f"{s['p50_ms'] / sq8_base['p50_ms']:.2f}x" if sq8_base else "",
-                ]
-            )
-    parts += [
-        "",
-        table(
-            ["factory", "nprobe", "re-scoring", "recall@10", "p50 ms", "p99 ms",
-             f"QPS ({CORES} cores)", "p50 / same codes without", "p99 / same codes without",
-             "p50 / IVF-SQ8 without"],
-            rows,
-        ),
-    ]  # fmt: skip
-    refine = facs.get("ivf-pq", {}).get("refine", {})
-    if refine.get("settings"):
-        store = {(s["nprobe"], s["oversample"]): s for s in facs["ivf-pq"]["settings"]}
-        rows = []
-        for s in refine["settings"]:
-            v = store[(s["nprobe"], s["oversample"])]
-            rows.append(
-                [
-                    str(s["nprobe"]),
-                    str(s["oversample"]),
-                    f"{v['recall@10']:.3f}",
-                    f"{s['recall@10']:.3f}",
-                    f"{f2(v['p50_ms'])} / {f2(v['p99_ms'])}",
-                    f"{f2(s['p50_ms'])} / {f2(s['p99_ms'])}",
-                    f"{v['p50_ms'] / s['p50_ms']:.2f}",
-                    f"{v['p99_ms'] / s['p99_ms']:.2f}",
-                    f"{v['qps']:,.0f} / {s['qps']:,.0f}",
-                ]
-            )
-        parts += [
-            "",
-            table(
-                ["nprobe", "oversample = k_factor", "store recall@10", "RefineFlat recall@10",
-                 "store p50 / p99 ms", "RefineFlat p50 / p99 ms", "p50 store / RefineFlat",
-                 "p99 store / RefineFlat", "QPS store / RefineFlat"],
-                rows,
-            ),
-        ]  # fmt: skip
-    tuned = [(r["factory"], r["tuned"]) for r in facs.values() if "tuned" in r]
-    if tuned:
-        parts += [
-            "",
-            table(
-                ["factory", "target recall@10", "chosen", "tuning recall (own items)",
-                 "held-out recall (own items)", "recall on the bench's fresh queries",
-                 "fresh p50 / p99 ms", "tune s"],
-                [[f, str(t["target_recall"]), str(t["chosen"]), f"{t['tuning_recall']:.4f}",
-                  f"{t['held_out_recall']:.4f}", f"{t['fresh_recall']:.4f}",
-                  f"{f2(t['fresh_p50_ms'])} / {f2(t['fresh_p99_ms'])}", f"{t['tune_s']:.0f}"]
-                 for f, t in tuned],
-            ),
-        ]  # fmt: skip
-    milvus = res.get("milvus", {})
-    if milvus.get("index_type"):
-        mq = milvus["queries"]
-        rows = []
-        for name in ("ivf-sq8", "ivf-pq"):
-            for s in facs.get(name, {}).get("settings", []):
-                default_os = facs[name]["default_params"].get("oversample")
-                first = s["nprobe"] == facs[name]["settings"][0]["nprobe"]
-                if first and (not s["rescore"] or s["oversample"] == default_os):
-                    hits = s.get("hits")  # absent in a --json file: recall over every query
-                    rec = float(np.mean(hits[:mq])) / K if hits else s["recall@10"]
-                    how = f"rescore x{s['oversample']}" if s["rescore"] else "codes only"
-                    rows.append(
-                        [
-                            f"vitrieval {facs[name]['factory']} {how}, nprobe {s['nprobe']}",
-                            f"{rec:.3f}",
-                            f"{f2(s['p50_ms'])} / {f2(s['p99_ms'])} (all queries)",
-                            f"{facs[name]['rss']['rss_after_open_mb']:,.0f}",
-                            f"{facs[name]['disk_bytes_per_vector']:,.0f}",
-                        ]
-                    )
-        rows.append(
-            [
-                f"Milvus Lite {milvus['index_type']} {milvus['build_params']}, nprobe "
-                f"{milvus['nprobe']}",
-                f"{milvus['recall@10']:.3f}",
-                f"{f2(milvus['search_p50_ms'])} / {f2(milvus['search_p99_ms'])}",
-                f"{milvus['rss_after_open_mb']:,.0f}",
-                f"{milvus['disk_bytes_per_vector']:,.0f}",
-            ]
-        )
-        parts += [
-            "",
-            f"Milvus Lite, first {mq} queries:",
-            "",
-            table(["engine / setting", f"recall@10 ({mq} queries)", "p50 / p99 ms",
-                   "RSS after open MB", "disk B/vector"], rows),
-        ]  # fmt: skip
-    elif milvus:
-        parts += ["", f"Milvus Lite: {milvus.get('skipped') or milvus.get('error')}"]
-    return "\n".join(parts) + "\n"
-
-
-def write_json(res: Row, path: str | None) -> None:
-    if not path:
-        return
-    slim = json.loads(json.dumps(res, default=str))
-    for r in slim["factories"].values():  # per-query hits: not needed in the file
-        for s in r.get("settings", []) + r.get("refine", {}).get("settings", []):
-            s.pop("hits", None)
-    Path(path).write_text(json.dumps(slim, indent=2))
 
 
 def main() -> None:
