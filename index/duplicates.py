@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from .contract import stored_vectors
 from .store import StoreError
-from .store.request import MAX_DEPTH, Query, Where
+from .store.request import MAX_DEPTH, Query, Where, checked_threshold
 
 NEIGHBOURS = 32
 """Neighbours searched per item at first; read deeper while all are above the threshold."""
@@ -88,11 +89,11 @@ def find_duplicates(
     (module docstring), largest groups first; `state` makes the run resumable."""
     keep = check_keep_rule(keep)
     where = Where(filter=filter)
+    threshold = checked_threshold(threshold)
     info = store.info()  # the index itself: another one (or one made again) starts over
     header = {"index": str(Path(info["directory"]).resolve()), "created": info.get("created"),
-              "threshold": float(threshold), "filter": _jsonable(filter)}  # fmt: skip
+              "threshold": threshold, "filter": _jsonable(filter)}  # fmt: skip
     pairs, after = _replay(state, header)
-    Query(np.zeros((1, store.dim), np.float32), 1, score_threshold=threshold)  # checks it
     done = 0
     with _appender(state, header, fresh=after is None and not pairs) as record:
         while True:
@@ -115,7 +116,7 @@ def find_duplicates(
 
 def _pairs_of(store: Any, keys: list[str], where: Where, threshold: float) -> dict:
     """{(a, b): score} of `keys`' neighbours at or above `threshold` (a < b)."""
-    vectors = np.stack([store.get(key).vector for key in keys])
+    vectors = np.stack(stored_vectors(store, keys))
     found: dict[tuple[str, str], float] = {}
     pending = np.arange(len(keys))
     k = NEIGHBOURS
