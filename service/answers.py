@@ -173,6 +173,33 @@ class TuningInfo(BaseModel):
     tuned: str = Field(description="when (ISO 8601)")
 
 
+class CalibrationLevelInfo(BaseModel):
+    """The duplicate threshold of one precision level, and what it measured."""
+
+    precision: float = Field(description="the precision asked for")
+    threshold: float = Field(description="the least score reaching it (cosine)")
+    reached: bool = Field(description="whether any threshold reached the precision")
+    measured_precision: float
+    precision_interval: list[float] = Field(description="95% Wilson interval")
+    recall: float = Field(description="of the generated copies, at the threshold")
+    recall_interval: list[float] = Field(description="95% Wilson interval")
+    pairs: int = Field(description="(copy, item) pairs scoring at least the threshold")
+
+
+class CalibrationInfo(BaseModel):
+    """What `vitrieval-index calibrate` measured: the index's duplicate threshold
+    (`on_duplicate: reject` without `duplicate_threshold` uses it)."""
+
+    precision: float = Field(description="the level asked for; its threshold is the default")
+    threshold: float
+    levels: list[CalibrationLevelInfo]
+    images: int = Field(description="the index's images that were copied")
+    copies: int = Field(description="the generated copies searched")
+    seed: int
+    items: int = Field(description="live items when it was measured")
+    calibrated: str = Field(description="when (ISO 8601)")
+
+
 class IndexInfo(BaseModel):
     """The served index: its size, FAISS factory, generation and segments."""
 
@@ -187,6 +214,9 @@ class IndexInfo(BaseModel):
     gpu: str = Field(description='where searches run: "cpu" or "<n> GPU(s)"')
     search_params: dict[str, int]
     tuning: TuningInfo | None = Field(None, description="the settings tuned to a target recall")
+    calibration: CalibrationInfo | None = Field(
+        None, description="the calibrated duplicate threshold"
+    )
     journal_pending: int = Field(description="writes in the journal, not yet sealed")
     segments: list[SegmentInfo]
 

@@ -296,14 +296,9 @@ class ItemCreate(Strict):
         le=1,
         allow_inf_nan=False,
         description="with on_duplicate reject: the score (cosine) from which an item is a "
-        "duplicate (docs/duplicates.md)",
+        "duplicate; left out, the index's calibrated threshold (`vitrieval-index "
+        "calibrate`; 422 when it has none). docs/duplicates.md",
     )
-
-    @model_validator(mode="after")
-    def _duplicate_rule(self) -> ItemCreate:
-        if self.on_duplicate == "reject" and self.duplicate_threshold is None:
-            raise ValueError("on_duplicate 'reject' needs duplicate_threshold")
-        return self
 
     @field_validator("metadata")
     @classmethod

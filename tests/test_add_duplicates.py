@@ -15,6 +15,7 @@ from PIL import Image
 
 from vitrieval.client import calls
 from vitrieval.index.store import IndexStore
+from vitrieval.index.store import manifest as mf
 from vitrieval.service.app import create_app
 from vitrieval.service.settings import Settings
 
@@ -82,3 +83,25 @@ def test_the_client_sends_the_rule_only_when_given() -> None:
     assert "on_duplicate" not in calls.add("k", vector=[1.0]).json
     body = calls.add("k", vector=[1.0], duplicate_threshold=0.95).json
     assert (body["on_duplicate"], body["duplicate_threshold"]) == ("reject", 0.95)
+
+
+def test_a_calibrated_index_rejects_at_its_threshold_by_default(tiny_onnx, tmp_path) -> None:
+    index = tmp_path / "index"
+    store = IndexStore.create(index, dim=DIM, factory="Flat", model_path=tiny_onnx)
+    level = mf.CalibrationLevel(0.99, 0.97, True, 1.0, (0.9, 1.0), 0.5, (0.4, 0.6), 10)
+    store.set_calibration(mf.CalibrationEntry(0.99, (level,), 20, 40, 0, 0, "2026-01-01"))
+    store.save()
+    store.close()
+    settings = Settings(model=tiny_onnx, index=index, api_key=KEY)
+    with TestClient(create_app(settings), headers={"X-API-Key": KEY}) as http:
+        info = http.get("/v1/info").json()["index"]["calibration"]
+        assert info["threshold"] == 0.97 and info["levels"][0]["pairs"] == 10
+        v, w = np.zeros(DIM), np.zeros(DIM)
+        v[0], w[0], w[1] = 1.0, 0.98, np.sqrt(1 - 0.98**2)  # v . w = 0.98
+        assert http.post("/v1/items", json=calls.add("a", vector=v).json).status_code == 201
+        body = calls.add("b", vector=w, reject_duplicates=True).json
+        assert body["on_duplicate"] == "reject" and "duplicate_threshold" not in body
+        refused = http.post("/v1/items", json=body)
+        assert refused.status_code == 409 and "calibrated threshold 0.97" in refused.text
+        # a threshold in the request wins
+        assert http.post("/v1/items", json={**body, "duplicate_threshold": 0.99}).status_code == 201

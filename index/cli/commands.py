@@ -33,7 +33,7 @@ from .configure import (
     apply_index_settings,
     wants_settings,
 )
-from .duplicates import add_duplicates_command
+from .duplicates import add_calibrate_command, add_duplicates_command
 from .recommend import add_recommend_command
 from .search import add_search_command
 from .shards import (
@@ -518,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # the commands of their own modules
     for add in (add_search_command, add_recommend_command, add_duplicates_command,
-                add_bench_command, add_configure_command, add_tune_command):  # fmt: skip
+                add_calibrate_command, add_bench_command, add_configure_command,
+                add_tune_command):  # fmt: skip
         add(sub)
 
     export = sub.add_parser(

@@ -276,6 +276,15 @@ class ShardedStore:
         for shard in self.shards:
             shard.set_tuning(tuning)
 
+    def set_calibration(self, calibration: mf.CalibrationEntry | None) -> None:
+        """`IndexStore.set_calibration` on every shard (calibrated on all of them)."""
+        for shard in self.shards:
+            shard.set_calibration(calibration)
+
+    @property
+    def calibration(self) -> mf.CalibrationEntry | None:
+        return self.shards[0].calibration
+
     # -- search ------------------------------------------------------------------------
 
     def ranked_search(
@@ -409,6 +418,7 @@ def combine_info(
         "trained": all(p["trained"] for p in parts),
         "search_params": parts[0]["search_params"],
         "tuning": parts[0]["tuning"],
+        "calibration": parts[0]["calibration"],
         "gpu": parts[0]["gpu"],
         "segments": [
             {"shard": name, **segment}

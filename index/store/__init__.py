@@ -40,6 +40,11 @@ manifest.json::
      "tuning": null | {"target_recall": 0.95, "recall": r, "held_out_recall": r',
                        "k": 10, "queries": 1000, "params": {"nprobe": 32, ...},
                        "latency_ms": t, "items": n, "reached": true, "tuned": "<ISO>"},
+     "calibration": null | {"precision": 0.99, "threshold": t, "levels": [{"precision":
+                    0.9, "threshold": t, "reached": true, "measured_precision": p,
+                    "precision_interval": [lo, hi], "recall": r, "recall_interval":
+                    [lo, hi], "pairs": n}, ...], "images": 200, "copies": 1000,
+                    "seed": 0, "items": n, "calibrated": "<ISO>"},
      "filter_fields": null | ["colour", "shop.city"],
      "dba": null | {"neighbours": 2, "alpha": 3.0, "generation": g', "count": n,
                     "ids": {"file": "dba.<g'>.ids.npy", "sha256": ..., "bytes": ...},

@@ -404,6 +404,18 @@ class IndexStore:
             self._state.tuning = tuning
             self._state.changed(params=True)
 
+    def set_calibration(self, calibration: mf.CalibrationEntry | None) -> None:
+        """Record what `vitrieval-index calibrate` measured (index/calibration.py),
+        saved with the index at the next save and shown by `info`; None forgets it."""
+        with self._state.lock:
+            self._state.calibration = calibration
+            self._state.changed(params=True)
+
+    @property
+    def calibration(self) -> mf.CalibrationEntry | None:
+        """The duplicate-threshold calibration, if the index has one."""
+        return self._state.calibration
+
     def search_params(self) -> dict[str, int]:
         """The index's search settings (IVF: nprobe and nlist; HNSW: efSearch; a
         compressed index: the oversampling it re-scores with)."""

@@ -210,6 +210,7 @@ def _commit(
         next_id=state.next_id,
         search_params=saved_search_params(state),
         tuning=state.tuning,
+        calibration=state.calibration,
         filter_fields=state.filter_fields.paths_tuple(),
         format_version=mf.FORMAT_VERSION,
         dba=state.dba,

@@ -39,6 +39,7 @@ def store_info(state: StoreState) -> dict[str, Any]:
             "trained": state.template.is_trained,
             "search_params": state.search_params(),
             "tuning": state.tuning.to_json() if state.tuning else None,
+            "calibration": state.calibration.to_json() if state.calibration else None,
             "filter_fields": state.filter_fields.to_json(),
             "dba": None
             if state.dba is None

@@ -70,6 +70,7 @@ class StoreState:
         # otherwise); saved with the FAISS search settings in the manifest
         self.oversample: int | None = committed.search_params.get(OVERSAMPLE) if committed else None
         self.tuning = committed.tuning if committed else None  # index/tuning.py's record
+        self.calibration = committed.calibration if committed else None  # calibration.py's
         # the metadata paths new segments index for filters (_field_index.py)
         self.filter_fields = filter_fields or FieldSelection(None)
         self._template = template  # empty (trained) index new segments start from

@@ -34,6 +34,8 @@ from .errors import ScrubStopped, StoreError, WriterLockTimeout
 # the entries a manifest holds, defined apart (manifest_entries.py), named here as ever
 from .manifest_entries import FORMAT_VERSION as FORMAT_VERSION
 from .manifest_entries import METRIC as METRIC
+from .manifest_entries import CalibrationEntry as CalibrationEntry
+from .manifest_entries import CalibrationLevel as CalibrationLevel
 from .manifest_entries import DbaEntry as DbaEntry
 from .manifest_entries import FileEntry as FileEntry
 from .manifest_entries import Manifest as Manifest
@@ -276,15 +278,16 @@ def parse_manifest(data: Any, where: Path) -> Manifest:
             _parse_named(dba.get("ids"), where, _DBA_FILE),
             _parse_named(dba.get("vectors"), where, _DBA_FILE),
         )
-    tuning = data.get("tuning")
-    if tuning is not None:
-        tuning = TuningEntry.from_json(tuning)
-        if tuning is None:
-            raise StoreError(f"{where} is invalid: field 'tuning' is malformed")
+    records = {}  # what `tune` and `calibrate` measured: absent in older manifests
+    for name, entry in (("tuning", TuningEntry), ("calibration", CalibrationEntry)):
+        raw = data.get(name)
+        records[name] = None if raw is None else entry.from_json(raw)
+        if raw is not None and records[name] is None:
+            raise StoreError(f"{where} is invalid: field {name!r} is malformed")
     return Manifest(
         **common,
+        **records,
         format_version=version,
-        tuning=tuning,
         dba=None if dba is None else (int(dba["neighbours"]), float(dba["alpha"])),
         dba_index=dba_index,
         filter_fields=None if filter_fields is None else tuple(filter_fields),

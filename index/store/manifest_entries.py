@@ -165,6 +165,115 @@ class TuningEntry:
 
 
 @dataclass(frozen=True)
+class CalibrationLevel:
+    """One precision level of a duplicate-threshold calibration (index/calibration.py):
+    the least `threshold` whose (copy, item) pairs reached `precision` on the generated
+    copies (`reached`; else the threshold of the best precision measured), with the
+    measured precision and recall and their 95% Wilson intervals, and `pairs`, the
+    pairs scoring at least the threshold."""
+
+    precision: float
+    threshold: float
+    reached: bool
+    measured_precision: float
+    precision_interval: tuple[float, float]
+    recall: float
+    recall_interval: tuple[float, float]
+    pairs: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "precision_interval": list(self.precision_interval),
+                "recall_interval": list(self.recall_interval)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: Any) -> CalibrationLevel | None:
+        floats = ("precision", "threshold", "measured_precision", "recall")
+        spans = ("precision_interval", "recall_interval")
+        if not (
+            isinstance(raw, dict)
+            and all(_is_number(raw.get(f)) for f in floats)
+            and all(
+                isinstance(raw.get(f), list) and len(raw[f]) == 2 and all(map(_is_number, raw[f]))
+                for f in spans
+            )
+            and isinstance(raw.get("reached"), bool)
+            and _is_int(raw.get("pairs"))
+        ):
+            return None
+        return cls(
+            **{f: float(raw[f]) for f in floats},
+            **{f: (float(raw[f][0]), float(raw[f][1])) for f in spans},
+            reached=raw["reached"],
+            pairs=int(raw["pairs"]),
+        )
+
+
+@dataclass(frozen=True)
+class CalibrationEntry:
+    """What `vitrieval-index calibrate` measured (index/calibration.py): a level per
+    precision, `precision` the one asked for (its threshold is the index's duplicate
+    threshold), on `copies` generated copies of `images` of the index's own images
+    (copy seed `seed`), when the index held `items` live items, at `calibrated`."""
+
+    precision: float
+    levels: tuple[CalibrationLevel, ...]
+    images: int
+    copies: int
+    seed: int
+    items: int
+    calibrated: str
+
+    def level(self, precision: float) -> CalibrationLevel | None:
+        """The level calibrated for `precision`, if there is one."""
+        return next((lv for lv in self.levels if abs(lv.precision - precision) < 1e-9), None)
+
+    @property
+    def threshold(self) -> float:
+        """The duplicate threshold: the asked precision's."""
+        level = self.level(self.precision)
+        assert level is not None  # from_json and the calibration keep it there
+        return level.threshold
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "threshold": self.threshold,
+            "levels": [level.to_json() for level in self.levels],
+            **{f: getattr(self, f) for f in ("images", "copies", "seed", "items", "calibrated")},
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> CalibrationEntry | None:
+        """The entry of decoded JSON; None when it is not one (the caller says where)."""
+        if not (isinstance(raw, dict) and isinstance(raw.get("levels"), list)):
+            return None
+        levels = tuple(CalibrationLevel.from_json(level) for level in raw["levels"])
+        ints = ("images", "copies", "seed", "items")
+        if not (
+            _is_number(raw.get("precision"))
+            and all(_is_int(raw.get(f)) for f in ints)
+            and isinstance(raw.get("calibrated"), str)
+            and None not in levels
+        ):
+            return None
+        entry = cls(
+            float(raw["precision"]),
+            levels,  # type: ignore[arg-type]  # None was ruled out above
+            **{f: int(raw[f]) for f in ints},
+            calibrated=raw["calibrated"],
+        )
+        return entry if entry.level(entry.precision) is not None else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
 class Manifest:
     """One committed generation, exactly as manifest.json states it.
 
@@ -190,6 +299,7 @@ class Manifest:
     dba_index: DbaEntry | None = None  # the derived DBA index (format 4; _dba.py)
     journal: tuple[int, int] | None = None  # (journal id, last row this commit holds)
     tuning: TuningEntry | None = None  # what `vitrieval-index tune` chose and measured
+    calibration: CalibrationEntry | None = None  # what `vitrieval-index calibrate` measured
 
     @property
     def fingerprint(self) -> str | None:
@@ -219,6 +329,7 @@ class Manifest:
             "next_id": self.next_id,
             "search_params": dict(self.search_params),
             "tuning": self.tuning.to_json() if self.tuning else None,
+            "calibration": self.calibration.to_json() if self.calibration else None,
             "filter_fields": None if self.filter_fields is None else list(self.filter_fields),
             "dba": self._dba_json(),
             "journal": ({"id": self.journal[0], "upto": self.journal[1]} if self.journal else None),

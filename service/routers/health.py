@@ -112,6 +112,7 @@ async def info(state: ServiceDep) -> InfoResponse:
         }
         | {
             "tuning": index.get("tuning"),
+            "calibration": index.get("calibration"),
             "segments": [_public_segment(segment) for segment in index["segments"]],
         },
         "service": {

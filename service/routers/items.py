@@ -98,19 +98,29 @@ async def add_item(request: Request, state: ServiceDep) -> ItemWritten:
 
 async def _refuse_duplicate(state: ServiceState, item: ItemCreate, vector: np.ndarray) -> None:
     """A 409 `duplicate` when an indexed item (not the one a replace overwrites) scores
-    at least the item's duplicate_threshold against `vector`. Two such adds at once
+    at least the item's duplicate_threshold (else the index's calibrated one) against
+    `vector`. Two such adds at once
     may both pass: the check is a search, not a lock."""
+    threshold, source = item.duplicate_threshold, "duplicate_threshold"
+    if threshold is None:
+        calibration = (await state.index.info()).get("calibration")
+        if calibration is None:
+            raise ApiError(
+                422,
+                "invalid_request",
+                "on_duplicate 'reject' needs duplicate_threshold: this index has no "
+                "calibrated threshold (`vitrieval-index calibrate INDEX`)",
+            )
+        threshold, source = calibration["threshold"], "calibrated threshold"
     where = Where(exclude_keys=[item.key] if item.replace else [])
-    found = await search(
-        state.index, vector[None, :], 1, where=where, score_threshold=item.duplicate_threshold
-    )
+    found = await search(state.index, vector[None, :], 1, where=where, score_threshold=threshold)
     if found[0]:
         hit = found[0][0][1]
         raise ApiError(
             409,
             "duplicate",
             f"{hit.key!r} is a near-duplicate (score {hit.score:.4f}, at least the "
-            f"duplicate_threshold {item.duplicate_threshold:g}); nothing was added",
+            f"{source} {threshold:g}); nothing was added",
         )
 
 

@@ -206,12 +206,15 @@ def add(
     metadata: Mapping[str, Any] | None = None,
     replace: bool = False,
     duplicate_threshold: float | None = None,
+    reject_duplicates: bool = False,
 ) -> Call[answers.ItemWritten]:
     """Add an item under `key`: an image (embedded by the server, kept for its
     thumbnail) or a vector, with an optional label and metadata. An existing key is
     a `ConflictError` unless `replace`. With `duplicate_threshold`, an item scoring at
     least that against an indexed one (another key) is refused: a `ConflictError` whose
-    code is "duplicate" and whose message names it. Needs the write key. Only an add
+    code is "duplicate" and whose message names it; `reject_duplicates=True` alone
+    refuses at the index's calibrated threshold (`vitrieval-index calibrate`; an index
+    without one answers a `ValidationError`). Needs the write key. Only an add
     with `replace=True` is retried (a plain add sent twice would conflict with itself)."""
     body = _given(
         key=key,
@@ -222,8 +225,10 @@ def add(
     )
     if replace:
         body["replace"] = True
+    if duplicate_threshold is not None or reject_duplicates:
+        body["on_duplicate"] = "reject"
     if duplicate_threshold is not None:
-        body |= {"on_duplicate": "reject", "duplicate_threshold": duplicate_threshold}
+        body["duplicate_threshold"] = duplicate_threshold
     return Call(
         "POST", "/v1/items", _model(answers.ItemWritten), json=body, write=True, idempotent=replace
     )
