@@ -219,15 +219,17 @@ def calibrate(
     return entry
 
 
-def threshold_for(store: Any, precision: float) -> float:
-    """The calibrated threshold of `precision` (one of the levels measured); a clear
-    error when the index was not calibrated, or not for that level."""
-    entry = store.calibration
+def threshold_for(entry: mf.CalibrationEntry | None, precision: float | None = None) -> float:
+    """The calibrated threshold of `precision` (one of the levels measured; None: the
+    level asked for at calibration); a clear StoreError when the index was not
+    calibrated, or not for that level."""
     if entry is None:
         raise StoreError(
             "the index has no calibrated duplicate threshold: run `vitrieval-index calibrate "
-            "INDEX` first, or give --threshold"
+            "INDEX` first, or give a threshold"
         )
+    if precision is None:
+        return entry.threshold
     level = entry.level(check_precision(precision))
     if level is None:
         known = ", ".join(f"{lv.precision:g}" for lv in entry.levels)

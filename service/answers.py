@@ -92,6 +92,38 @@ class ScrollResponse(BaseModel):
     )
 
 
+class ItemDuplicates(BaseModel):
+    """The items scoring at least the threshold against one item, best first."""
+
+    key: str
+    threshold: float = Field(description="the threshold used (given, or the calibrated one)")
+    duplicates: list[HitOut]
+
+
+class DuplicateGroupOut(BaseModel):
+    """One group of near-duplicates (single linkage) and the item it keeps."""
+
+    keys: list[str] = Field(description="its members' keys, sorted")
+    keep: str = Field(description="the key the `keep` rule suggests keeping")
+    size: int
+    best_score: float
+    pairs: list[tuple[str, str, float]] = Field(description="the pairs linking it: key, key, score")
+
+
+class DuplicateJobOut(BaseModel):
+    """A duplicates job: running (with the items searched so far), done (with its
+    groups, largest first), failed (with the error) or stopped (the server shut down)."""
+
+    job: str
+    status: Literal["running", "done", "failed", "stopped"]
+    threshold: float
+    searched: int = Field(description="items searched so far")
+    started: str
+    finished: str | None = None
+    groups: list[DuplicateGroupOut] | None = None
+    error: str | None = None
+
+
 class ItemWritten(ItemOut):
     """An item as added (or replaced)."""
 

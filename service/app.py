@@ -24,7 +24,17 @@ from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
 from .openapi import finish_openapi
-from .routers import docs, evaluate, health, items, recommend, scroll, search, web
+from .routers import (
+    docs,
+    duplicates,
+    evaluate,
+    health,
+    items,
+    recommend,
+    scroll,
+    search,
+    web,
+)
 from .settings import Settings, get_settings
 from .state import ServiceState
 
@@ -80,11 +90,20 @@ def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -
     `lifespan`, which puts the served state in `app.state.service` and sets `ready`:
     `create_app`'s for a model and index loaded in this process, the Ray Serve
     ingress's (distributed.serve) for deployments elsewhere."""
+
+    @contextlib.asynccontextmanager
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
+        async with lifespan(app):
+            try:
+                yield
+            finally:  # before the index closes: a job reads it to its last call
+                await app.state.service.duplicate_jobs.stop()
+
     app = FastAPI(
         title="vitrieval",
         version=__version__,
         summary="Find similar images: search, embed, manage items and evaluate retrieval.",
-        lifespan=lifespan,
+        lifespan=serving,
         # served by routers/docs.py from local assets: FastAPI's pages load a CDN
         docs_url=None,
         redoc_url=None,
@@ -93,7 +112,8 @@ def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -
     app.state.metrics = metrics
     install_error_handlers(app)
     finish_openapi(app)
-    routers = (search, recommend, items, scroll, evaluate, health, web, docs)
+    # duplicates before items: /v1/items/{key}/duplicates is not the item `{key}/duplicates`
+    routers = (search, recommend, duplicates, items, scroll, evaluate, health, web, docs)
     for router in (module.router for module in routers):
         app.include_router(router)
     # outermost last: metrics see every response, 413s and timeouts included

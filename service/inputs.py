@@ -81,7 +81,9 @@ class RequestBody(Generic[M]):
         """`openapi_extra` documenting the body: see `openapi_body`."""
         return openapi_body(self)
 
-    def post(self, router: APIRouter, path: str, errors: Any) -> Callable[[F], F]:
+    def post(
+        self, router: APIRouter, path: str, errors: Any, status_code: int = 200
+    ) -> Callable[[F], F]:
         """`router.post(path)` for a route that reads this body, documented from the route
         itself: its name is the operation id, its docstring's first line the summary;
         `errors` the documented error statuses (`errors.error_responses(...)`)."""
@@ -92,6 +94,7 @@ class RequestBody(Generic[M]):
                 path,
                 operation_id=route.__name__,
                 summary=summary,
+                status_code=status_code,
                 responses=errors,
                 openapi_extra=self.openapi(),
             )(route)

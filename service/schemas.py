@@ -9,11 +9,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vitrieval.index.duplicates import DEFAULT_KEEP, KEEP_RULES, check_keep_rule
 from vitrieval.index.fusion import DEFAULT_FUSION, Fusion
 from vitrieval.index.grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from vitrieval.index.recommend import DEFAULT_STRATEGY, MAX_EXAMPLES, STRATEGIES
 from vitrieval.index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
+from vitrieval.index.store import StoreError
 from vitrieval.index.store.filters import MAX_KEY_LENGTH as MAX_FILTER_KEY_LENGTH
 from vitrieval.index.store.filters import (
     Filter,
@@ -346,6 +348,35 @@ class ScrollRequest(Strict):
     after: LookupKey | None = Field(
         None, description="list the keys after this one (the previous page's `next`)"
     )
+
+
+class DuplicatesRequest(Strict):
+    """A job listing every group of near-duplicates among the items a filter allows
+    (docs/duplicates.md): pairs scoring at least the threshold, single linkage."""
+
+    threshold: float | None = Field(
+        None,
+        ge=-1,
+        le=1,
+        allow_inf_nan=False,
+        description="the score (cosine) from which two items are duplicates; left out, "
+        "the index's calibrated threshold (of `precision`)",
+    )
+    precision: float | None = Field(
+        None, gt=0, lt=1, description="the calibrated level whose threshold to use"
+    )
+    filter: Annotated[MetadataFilter | None, JsonText] = None
+    keep: str = Field(
+        DEFAULT_KEEP, description=f"the item each group keeps: {', '.join(KEEP_RULES)}"
+    )
+
+    @field_validator("keep")
+    @classmethod
+    def _rule(cls, value: str) -> str:
+        try:
+            return check_keep_rule(value)
+        except StoreError as exc:  # pydantic reports ValueErrors as 422s
+            raise ValueError(str(exc)) from None
 
 
 class EvaluateRequest(Strict):

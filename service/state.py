@@ -27,6 +27,7 @@ from vitrieval.index.store import IndexStore, check_gpu_mode, faiss_cpu_reason
 from vitrieval.index.unit_vectors import unit_rows
 
 from .batching import DynamicBatcher
+from .duplicates import DuplicateJobs
 from .errors import ApiError, image_error
 from .inputs import ImageUpload
 from .layout import model_layout
@@ -80,6 +81,7 @@ class ServiceState:
     # read-only: follows a writer's commits (`store` is then the first one opened)
     follower: CommitFollower | None = None
     checkpoints: CheckpointStatus = field(default_factory=CheckpointStatus)
+    duplicate_jobs: DuplicateJobs = field(default_factory=DuplicateJobs)  # POST /v1/duplicates
     index: Index = field(init=False)
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ from vitrieval.index.store.validation import key_problem
 
 MAX_KEY_LENGTH = 512
 MAX_LABEL_LENGTH = 512
-RESERVED_KEY_SUFFIXES: tuple[str, ...] = ("/thumbnail",)
+RESERVED_KEY_SUFFIXES: tuple[str, ...] = ("/thumbnail", "/duplicates")
 """Keys may hold slashes (`GET /v1/items/{key}` takes the rest of the path), so a key
 ending in a sub-route's name would be unreachable: such keys are refused."""
 

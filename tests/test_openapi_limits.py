@@ -22,6 +22,7 @@ from vitrieval.index.store.filters import MAX_KEY_LENGTH as MAX_FILTER_KEY_LENGT
 from vitrieval.index.store.request import MAX_DEPTH, MAX_OVERSAMPLE, MAX_SCROLL_LIMIT
 from vitrieval.service.app import create_app
 from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
+from vitrieval.service.routers.duplicates import DUPLICATES_BODY
 from vitrieval.service.routers.evaluate import EVALUATE_BODY
 from vitrieval.service.routers.items import ITEM_BODY, MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
 from vitrieval.service.routers.recommend import RECOMMEND_BODY
@@ -146,6 +147,10 @@ EXPECTED["/v1/scroll"] = {
     }
     for content_type in (JSON, MULTIPART, URLENCODED)
 }
+EXPECTED["/v1/duplicates"] = {
+    content_type: {"threshold": SCORE, "precision": {"exclusiveMinimum": 0, "exclusiveMaximum": 1}}
+    for content_type in (JSON, MULTIPART, URLENCODED)
+}
 """route -> content type -> field (dotted; `[]` an array's items) -> keyword -> value"""
 
 
@@ -156,6 +161,7 @@ BODIES: dict[str, RequestBody[Any]] = {
     "/v1/evaluate": EVALUATE_BODY,
     "/v1/scroll": SCROLL_BODY,
     "/v1/recommend": RECOMMEND_BODY,
+    "/v1/duplicates": DUPLICATES_BODY,
 }
 
 

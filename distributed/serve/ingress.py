@@ -45,6 +45,7 @@ from vitrieval.index.shards.store import combine_info
 from vitrieval.index.store import ItemRecord, ScrollPage
 from vitrieval.index.store.filters import Filter
 from vitrieval.service.app import build_app
+from vitrieval.service.duplicates import DuplicateJobs
 from vitrieval.service.errors import ApiError
 from vitrieval.service.inputs import ImageUpload
 from vitrieval.service.metrics import ServiceMetrics
@@ -268,6 +269,7 @@ class IngressState:
     ready: bool = False
     started: float = field(default_factory=time.time)
     evaluating: asyncio.Lock = field(default_factory=asyncio.Lock)
+    duplicate_jobs: DuplicateJobs = field(default_factory=DuplicateJobs)
 
     @property
     def self_check(self) -> dict[str, Any]:

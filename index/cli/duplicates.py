@@ -77,7 +77,7 @@ def duplicates_command(args: argparse.Namespace) -> int:
     try:
         threshold = args.threshold
         if threshold is None:
-            threshold = threshold_for(store, args.precision)
+            threshold = threshold_for(store.calibration, args.precision)
             print(f"precision {args.precision:g}: the calibrated threshold is {threshold:.4f}")
         groups = find_duplicates(
             store,

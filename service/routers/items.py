@@ -28,6 +28,7 @@ from vitrieval.index.store import KeyExistsError, StoreError
 
 from ..answers import ItemDeleted, ItemOut, ItemWritten
 from ..deps import ReadAccess, ServiceDep, WriteAccess
+from ..duplicates import chosen_threshold
 from ..errors import ApiError, error_responses, storage_error, store_error
 from ..inputs import RequestBody
 from ..schemas import ItemCreate
@@ -101,17 +102,8 @@ async def _refuse_duplicate(state: ServiceState, item: ItemCreate, vector: np.nd
     at least the item's duplicate_threshold (else the index's calibrated one) against
     `vector`. Two such adds at once
     may both pass: the check is a search, not a lock."""
-    threshold, source = item.duplicate_threshold, "duplicate_threshold"
-    if threshold is None:
-        calibration = (await state.index.info()).get("calibration")
-        if calibration is None:
-            raise ApiError(
-                422,
-                "invalid_request",
-                "on_duplicate 'reject' needs duplicate_threshold: this index has no "
-                "calibrated threshold (`vitrieval-index calibrate INDEX`)",
-            )
-        threshold, source = calibration["threshold"], "calibrated threshold"
+    threshold = await chosen_threshold(state.index, item.duplicate_threshold, None)
+    source = "calibrated threshold" if item.duplicate_threshold is None else "duplicate_threshold"
     where = Where(exclude_keys=[item.key] if item.replace else [])
     found = await search(state.index, vector[None, :], 1, where=where, score_threshold=threshold)
     if found[0]:

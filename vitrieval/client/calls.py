@@ -191,6 +191,55 @@ def scroll(
     return Call("POST", "/v1/scroll", _model(answers.ScrollResponse), json=body)
 
 
+def item_duplicates(
+    key: str,
+    *,
+    threshold: float | None = None,
+    precision: float | None = None,
+    limit: int | None = None,
+) -> Call[answers.ItemDuplicates]:
+    """The items scoring at least `threshold` against the item `key`, best first, at
+    most `limit` (None: the server's default). Without `threshold`, the index's
+    calibrated threshold (of the `precision` level when given; an index never
+    calibrated answers a `ValidationError`)."""
+    params = _given(threshold=threshold, precision=precision, limit=limit)
+    return Call(
+        "GET",
+        _item_path(key) + "/duplicates",
+        _model(answers.ItemDuplicates),
+        params={name: str(value) for name, value in params.items()} or None,
+    )
+
+
+def start_duplicates(
+    *,
+    threshold: float | None = None,
+    precision: float | None = None,
+    filter: Filter | None = None,
+    keep: str | None = None,
+) -> Call[answers.DuplicateJobOut]:
+    """Start a server job listing every group of near-duplicates among the items
+    `filter` allows (the threshold as in `item_duplicates`; `keep` the rule of the
+    item each group keeps, "largest" by default). A `ConflictError` while another job
+    runs. Poll `duplicates_job(job)` until its status is no longer "running"."""
+    body = _given(
+        threshold=threshold,
+        precision=precision,
+        filter=dict(filter) if filter is not None else None,
+        keep=keep,
+    )
+    # not repeated: a retry of a start that did start would meet its own job (409)
+    return Call(
+        "POST", "/v1/duplicates", _model(answers.DuplicateJobOut), json=body, idempotent=False
+    )
+
+
+def duplicates_job(job: str) -> Call[answers.DuplicateJobOut]:
+    """A duplicates job: its status, the items searched so far, and once "done" its
+    groups (largest first)."""
+    return Call("GET", "/v1/duplicates/" + quote(job, safe=""), _model(answers.DuplicateJobOut))
+
+
 def embed(image: ImageInput) -> Call[answers.EmbedResponse]:
     """The served model's embedding of an image (a unit vector)."""
     body = {"image_base64": image_base64(image)}

@@ -156,6 +156,9 @@ class Methods:
     add, get, delete = method(calls.add), method(calls.get), method(calls.delete)
     thumbnail = method(calls.thumbnail)  # /v1/items/{key}/thumbnail
     scroll = method(calls.scroll)  # /v1/scroll
+    item_duplicates = method(calls.item_duplicates)  # /v1/items/{key}/duplicates
+    start_duplicates = method(calls.start_duplicates)  # POST /v1/duplicates
+    duplicates_job = method(calls.duplicates_job)  # GET /v1/duplicates/{job}
     evaluate = method(calls.evaluate)  # /v1/evaluate
     info, health, readiness = method(calls.info), method(calls.health), method(calls.readiness)
     metrics, check_version = method(calls.metrics), method(calls.check_version)
