@@ -234,3 +234,84 @@ def test_api_docs_render_offline(browser, server: str) -> None:
     shot = Path("/tmp") / shot.name
     assert browser.save_screenshot(str(shot))
     print(f"screenshot of /docs: {shot}")
+
+
+REVIEW_KEY = "web-review-key-0123"
+
+
+@pytest.fixture(scope="module")
+def writable_server(digits_gallery: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """A writable `vitrieval-serve` over a copy of the digits gallery with two planted
+    copies: the same image files under new keys (identical vectors)."""
+    import httpx
+
+    index = tmp_path_factory.mktemp("web_review") / "index"
+    shutil.copytree(digits_gallery["index"], index)
+    server = Server(digits_gallery["model"], index, env={"VITRIEVAL_API_KEY": REVIEW_KEY})
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        with open(digits_gallery["list"], newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        for row in (rows[3], rows[40]):
+            with open(digits_gallery["images"] / row["path"], "rb") as image:
+                answer = httpx.post(
+                    server.url + "/v1/items",
+                    data={"key": f"copy/{row['key']}"},
+                    files={"image": image},
+                    headers={"X-API-Key": REVIEW_KEY},
+                )
+            assert answer.status_code == 201, answer.text
+        yield server.url, [f"copy/{rows[3]['key']}", f"copy/{rows[40]['key']}"]
+    finally:
+        server.stop()
+
+
+def test_review_duplicates_open_a_group_delete_one_and_the_group_updates(
+    browser, writable_server
+) -> None:
+    url, copies = writable_server
+    _open_page(browser, url)
+    browser.find_element("id", "threshold").send_keys("0.99999")
+    browser.find_element("id", "find-duplicates").click()
+    _wait(
+        browser,
+        lambda d: "groups at threshold" in d.find_element("id", "review-status").text,
+        "the duplicates job did not finish",
+    )
+    groups = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#groups li.group'), g => g.textContent);"
+    )
+    assert len(groups) >= 2, groups
+    # open each group until the one holding the first planted copy shows
+    for n in range(len(groups)):  # a click redraws the list: find the n-th afresh
+        browser.find_elements("css selector", "#groups li.group")[n].click()
+        if browser.find_elements("css selector", f'#group-view li[data-key="{copies[0]}"]'):
+            break
+    assert len(browser.find_elements("css selector", "#groups li.group.open")) == 1
+    members = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#group-view li'), m => m.dataset.key);"
+    )
+    assert copies[0] in members and len(members) >= 2
+    assert browser.find_elements("css selector", "#group-view .keep")  # the suggestion
+    # no key yet: the delete is refused and the key field appears
+    button = f'#group-view li[data-key="{copies[0]}"] button.delete'
+    browser.find_element("css selector", button).click()
+    _wait(browser, lambda d: d.find_element("id", "keybox").is_displayed(), "no key field")
+    browser.find_element("id", "apikey").send_keys(REVIEW_KEY)
+    browser.find_element("css selector", button).click()
+    _wait(
+        browser,
+        lambda d: f"deleted {copies[0]}" in d.find_element("id", "review-status").text,
+        "the delete did not answer",
+    )
+    left = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#group-view li'), m => m.dataset.key);"
+    )
+    assert copies[0] not in left
+    if len(members) == 2:  # a pair: resolved, gone from the list
+        assert len(browser.find_elements("css selector", "#groups li.group")) == len(groups) - 1
+    else:
+        assert len(left) == len(members) - 1
+    import httpx
+
+    assert httpx.get(f"{url}/v1/items/{copies[0]}").status_code == 404
