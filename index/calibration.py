@@ -9,7 +9,10 @@ with the index's model and searched in the index, as `duplicates` searches an it
 
 - its *positive* is the pair (copy, its original), scored as the search scores it
   (a copy whose original the search does not return is missed at every threshold);
-- its *negatives* are the pairs (copy, any other item) that the search returns.
+- its *negatives* are the pairs (copy, any other item) that the search returns,
+  except items that score at least as high against the original as the copy does:
+  those are as much a copy of the original as the generated one (a catalogue's own
+  duplicates), and whether they are true or false pairs is not known.
 
 At a threshold T the pairs scoring at least T are what `duplicates` would report:
 
@@ -25,8 +28,11 @@ unseen. Precision and recall carry 95% Wilson score intervals:
 
     (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n),   z = 1.96
 
-An item of the catalogue that is itself a copy of a sampled photo counts as a negative,
-so a catalogue full of duplicates calibrates a higher (safer) threshold than it needs.
+Without that exception a catalogue full of duplicates would calibrate far too high a
+threshold: a copy of an image with ten copies already indexed finds them all above its
+own original's score. With it, an item that merely resembles the original closely
+(scoring above the copy) is not counted against the threshold either; the precision is
+of the pairs whose truth the generated copies decide.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .contract import stored_vectors
 from .evaluation.copy_detection import CopySession, copy_queries
 from .evaluation.datasets import Item
 from .store import StoreError
@@ -171,13 +178,31 @@ def search_copies(
             scores.last[c] = float(hits[-1][1].score) if hits else -np.inf
             scores.deeper[c] = len(hits) == k < MAX_DEPTH
             scores.positives[c] = found.pop(originals[c], -np.inf)
-            scores.negatives[c] = np.fromiter(found.values(), np.float64, len(found))
+            others = _not_as_close(store, originals[c], found, scores.positives[c])
+            scores.negatives[c] = np.fromiter(others, np.float64, len(others))
         bound = lowest(scores)
         pending = np.flatnonzero(
             [d and s >= bound for d, s in zip(scores.deeper, scores.last, strict=True)]
         )
         k *= 4
     return scores
+
+
+def _not_as_close(store: Any, original: str, found: dict[str, float], positive: float) -> list:
+    """The scores of the `found` items (key -> score against the copy) that score
+    less against `original` than the copy does (`positive`); all of them when the
+    search missed the original (nothing to compare with)."""
+    if not found or not np.isfinite(positive):
+        return list(found.values())
+    keys = list(found)
+    anchor, *vectors = stored_vectors(store, [original, *keys])
+    if anchor is None:
+        return list(found.values())
+    return [
+        found[key]
+        for key, vector in zip(keys, vectors, strict=True)
+        if vector is None or float(np.dot(anchor, vector)) < positive
+    ]
 
 
 def calibrate(

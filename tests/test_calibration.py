@@ -226,3 +226,20 @@ def test_copies_are_searched_deeper_until_no_negative_above_the_bound_is_unseen(
     # a bound above every score: one search of NEIGHBOURS each
     shallow = search_copies(store, queries, keys[:5], lambda _scores: 2.0)
     assert all(len(n) == NEIGHBOURS - 1 for n in shallow.negatives)
+
+
+def test_an_indexed_duplicate_of_the_original_is_not_a_false_pair(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    store = IndexStore.create(tmp_path / "index", dim=8)
+    keys = [f"k{i:02d}" for i in range(50)]
+    store.add(keys, x)
+    store.add(["k00-again"], x[:1])  # the catalogue's own copy of k00
+    copy = x[:1] + 0.1 * rng.standard_normal((1, 8)).astype(np.float32)
+    copy /= np.linalg.norm(copy)
+    found = search_copies(store, copy, ["k00"], lambda _scores: -2.0)
+    exact = copy.astype(np.float64) @ x.T.astype(np.float64)
+    assert found.positives[0] == pytest.approx(exact[0, 0], abs=1e-5)
+    # every other item is a negative, k00-again (1.0 against k00, above the copy) is not
+    assert np.allclose(np.sort(found.negatives[0]), np.sort(exact[0, 1:]), atol=1e-5)
