@@ -315,3 +315,18 @@ def test_review_duplicates_open_a_group_delete_one_and_the_group_updates(
     import httpx
 
     assert httpx.get(f"{url}/v1/items/{copies[0]}").status_code == 404
+    # the other planted pair: keep the original, which deletes the copy
+    for n in range(len(browser.find_elements("css selector", "#groups li.group"))):
+        browser.find_elements("css selector", "#groups li.group")[n].click()
+        if browser.find_elements("css selector", f'#group-view li[data-key="{copies[1]}"]'):
+            break
+    original = copies[1].removeprefix("copy/")
+    keep = f'#group-view li[data-key="{original}"] button.keep-only'
+    browser.find_element("css selector", keep).click()
+    _wait(
+        browser,
+        lambda d: f"deleted {copies[1]}" in d.find_element("id", "review-status").text,
+        "keep did not delete the other member",
+    )
+    assert httpx.get(f"{url}/v1/items/{copies[1]}").status_code == 404
+    assert httpx.get(f"{url}/v1/items/{original}").status_code == 200
