@@ -43,6 +43,8 @@ from .text import (
 )
 
 MAX_K = 1000
+Score = Annotated[float, Field(ge=-1, le=1, allow_inf_nan=False)]
+"""A score threshold: a cosine, from -1 to 1."""
 MAX_VECTOR_LENGTH = 4096
 MAX_METADATA_BYTES = 64 * 1024
 MAX_METADATA_DEPTH = 16
@@ -292,11 +294,8 @@ class ItemCreate(Strict):
         description="reject: refuse (409 `duplicate`, naming the nearest item) an item "
         "whose vector scores at least `duplicate_threshold` against one already indexed",
     )
-    duplicate_threshold: float | None = Field(
+    duplicate_threshold: Score | None = Field(
         None,
-        ge=-1,
-        le=1,
-        allow_inf_nan=False,
         description="with on_duplicate reject: the score (cosine) from which an item is a "
         "duplicate; left out, the index's calibrated threshold (`vitrieval-index "
         "calibrate`; 422 when it has none). docs/duplicates.md",
@@ -354,11 +353,8 @@ class DuplicatesRequest(Strict):
     """A job listing every group of near-duplicates among the items a filter allows
     (docs/duplicates.md): pairs scoring at least the threshold, single linkage."""
 
-    threshold: float | None = Field(
+    threshold: Score | None = Field(
         None,
-        ge=-1,
-        le=1,
-        allow_inf_nan=False,
         description="the score (cosine) from which two items are duplicates; left out, "
         "the index's calibrated threshold (of `precision`)",
     )

@@ -34,15 +34,9 @@ SEARCH_BODY = RequestBody(SearchRequest, max_images=MAX_QUERY_IMAGES)
 EMBED_BODY = RequestBody(EmbedRequest, form_needs_image=True)
 
 
-@router.post(
-    "/search",
-    operation_id="search",
-    response_model=SearchResponse,
-    summary="Find the indexed items most similar to an image (or images), a key or a vector",
-    openapi_extra=SEARCH_BODY.openapi(),
-    responses=error_responses(400, 401, 404, 413, 415, 422),
-)
+@SEARCH_BODY.post(router, "/search", error_responses(400, 401, 404, 413, 415, 422))
 async def search(request: Request, state: ServiceDep) -> SearchResponse:
+    """Find the indexed items most similar to an image (or images), a key or a vector."""
     query, images = await SEARCH_BODY.read(request)
     if query.k > state.settings.max_k:
         raise ApiError(422, "invalid_request", f"k must be <= {state.settings.max_k}")
@@ -110,15 +104,9 @@ async def _search(
     return await ranked_answer(state, query, ranked, timings)
 
 
-@router.post(
-    "/embed",
-    operation_id="embed",
-    response_model=EmbedResponse,
-    summary="Embed one image with the served model",
-    openapi_extra=EMBED_BODY.openapi(),
-    responses=error_responses(400, 401, 413, 415, 422),
-)
+@EMBED_BODY.post(router, "/embed", error_responses(400, 401, 413, 415, 422))
 async def embed(request: Request, state: ServiceDep) -> EmbedResponse:
+    """Embed one image with the served model."""
     _, image = await EMBED_BODY.read_one(request)
     if image is None:
         raise ApiError(

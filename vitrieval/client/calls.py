@@ -212,8 +212,8 @@ def item_duplicates(
 
 
 def start_duplicates(
-    *,
     threshold: float | None = None,
+    *,
     precision: float | None = None,
     filter: Filter | None = None,
     keep: str | None = None,
