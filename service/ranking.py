@@ -49,6 +49,12 @@ async def ranked_answer(
     return hits_out(found), None
 
 
+def check_depth(state: ServiceState, value: int, name: str = "k") -> None:
+    """A 422 when a request asks for more hits than the server's `max_k` setting."""
+    if value > state.settings.max_k:
+        raise ApiError(422, "invalid_request", f"{name} must be <= {state.settings.max_k}")
+
+
 def hits_out(found: list[tuple[int, Hit]]) -> list[HitOut]:
     return [
         HitOut(key=h.key, score=float(h.score), label=h.label, metadata=h.metadata)

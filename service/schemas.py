@@ -362,6 +362,7 @@ class DuplicatesRequest(Strict):
         None, gt=0, lt=1, description="the calibrated level whose threshold to use"
     )
     filter: Annotated[MetadataFilter | None, JsonText] = None
+    label: Label | None = Field(None, description="only items with this label")
     keep: str = Field(
         DEFAULT_KEEP, description=f"the item each group keeps: {', '.join(KEEP_RULES)}"
     )

@@ -14,6 +14,7 @@ from vitrieval.client import calls
 from vitrieval.index.duplicates import find_duplicates
 from vitrieval.index.store import IndexStore
 from vitrieval.index.store import manifest as mf
+from vitrieval.index.store.request import Where
 from vitrieval.service.app import create_app
 from vitrieval.service.settings import Settings
 
@@ -38,7 +39,9 @@ def planted(rng: np.random.Generator) -> tuple[list[str], np.ndarray]:
 def serve(tiny_onnx, tmp_path, calibration: mf.CalibrationEntry | None = None):
     keys, vectors = planted(np.random.default_rng(3))
     store = IndexStore.create(tmp_path / "index", dim=DIM, model_path=tiny_onnx)
-    store.add(keys, vectors)
+    # labels: the originals alternate a / b, each copy takes its original's
+    labels = ["ab"[int(key[-4:-2] if key.startswith("copy") else key[-2:]) % 2] for key in keys]
+    store.add(keys, vectors, labels=labels)
     if calibration is not None:
         store.set_calibration(calibration)
     store.save()
@@ -129,3 +132,17 @@ def test_unknown_jobs_and_bad_rules_are_clear(tiny_onnx, tmp_path) -> None:
         assert bad.status_code == 422 and "keep must be one of" in bad.text
         precision = send(http, calls.start_duplicates(precision=0.99))
         assert precision.status_code == 422 and "no calibrated" in precision.text
+
+
+def test_a_job_over_one_label_finds_that_labels_groups(tiny_onnx, tmp_path) -> None:
+    http, _, _ = serve(tiny_onnx, tmp_path)
+    with http:
+        body = send(http, calls.start_duplicates(0.9, label="b")).json()
+        done = wait(http, body["job"])
+    with IndexStore.open(tmp_path / "index") as store:
+        expected = [
+            g.as_json() for g in find_duplicates(store, 0.9, filter=Where(label="b").allowed)
+        ]
+    assert [g["keys"] for g in done["groups"]] == [g["keys"] for g in expected]
+    # the odd originals (03, 07, 33) and their copies
+    assert sorted(g["keys"][-1] for g in done["groups"]) == ["item/03", "item/07", "item/33"]

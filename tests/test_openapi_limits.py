@@ -148,7 +148,11 @@ EXPECTED["/v1/scroll"] = {
     for content_type in (JSON, MULTIPART, URLENCODED)
 }
 EXPECTED["/v1/duplicates"] = {
-    content_type: {"threshold": SCORE, "precision": {"exclusiveMinimum": 0, "exclusiveMaximum": 1}}
+    content_type: {
+        "threshold": SCORE,
+        "precision": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "label": LABEL,
+    }
     for content_type in (JSON, MULTIPART, URLENCODED)
 }
 """route -> content type -> field (dotted; `[]` an array's items) -> keyword -> value"""

@@ -24,7 +24,7 @@ from ..deps import ReadAccess, ServiceDep
 from ..duplicates import chosen_threshold
 from ..errors import ApiError, error_responses
 from ..inputs import RequestBody
-from ..ranking import hits_out
+from ..ranking import check_depth, hits_out
 from ..schemas import DuplicatesRequest
 from .items import KeyPath
 
@@ -38,7 +38,8 @@ async def start_duplicates(request: Request, state: ServiceDep) -> DuplicateJobO
     """Start a job listing every group of near-duplicates (one job at a time)."""
     body, _ = await DUPLICATES_BODY.read(request)
     threshold = await chosen_threshold(state.index, body.threshold, body.precision)
-    job = state.duplicate_jobs.start(state.index, threshold, body.filter, body.keep)
+    allowed = Where(label=body.label, filter=body.filter).allowed
+    job = state.duplicate_jobs.start(state.index, threshold, allowed, body.keep)
     return DuplicateJobOut(**asdict(job))
 
 
@@ -75,8 +76,7 @@ async def item_duplicates(
     ] = None,
     limit: Annotated[int, Query(ge=1, description="at most this many (up to max_k)")] = 100,
 ) -> ItemDuplicates:
-    if limit > state.settings.max_k:
-        raise ApiError(422, "invalid_request", f"limit must be <= {state.settings.max_k}")
+    check_depth(state, limit, "limit")
     (vector,) = await state.index.vectors([key])
     if vector is None:
         raise ApiError(404, "unknown_key", f"no item with key {key!r}")

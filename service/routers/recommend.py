@@ -22,7 +22,7 @@ from ..answers import SearchResponse
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses
 from ..inputs import RequestBody, decode_base64
-from ..ranking import ranked_answer
+from ..ranking import check_depth, ranked_answer
 from ..schemas import Example, RecommendRequest
 from ..state import ServiceState, Timings
 
@@ -35,8 +35,7 @@ RECOMMEND_BODY = RequestBody(RecommendRequest, image_field=None)
 async def recommend(request: Request, state: ServiceDep) -> SearchResponse:
     """Find the items most like the positive examples and unlike the negative ones."""
     body, _ = await RECOMMEND_BODY.read(request)
-    if body.k > state.settings.max_k:
-        raise ApiError(422, "invalid_request", f"k must be <= {state.settings.max_k}")
+    check_depth(state, body.k)
     timings = Timings()
     positive = await _vectors(state, body.positive, timings)
     negative = await _vectors(state, body.negative, timings)

@@ -24,7 +24,7 @@ from ..answers import EmbedResponse, GroupOut, HitOut, SearchResponse
 from ..deps import ReadAccess, ServiceDep
 from ..errors import ApiError, error_responses
 from ..inputs import ImageUpload, RequestBody
-from ..ranking import ranked_answer
+from ..ranking import check_depth, ranked_answer
 from ..schemas import MAX_QUERY_IMAGES, EmbedRequest, SearchRequest
 from ..state import ServiceState, Timings
 
@@ -38,8 +38,7 @@ EMBED_BODY = RequestBody(EmbedRequest, form_needs_image=True)
 async def search(request: Request, state: ServiceDep) -> SearchResponse:
     """Find the indexed items most similar to an image (or images), a key or a vector."""
     query, images = await SEARCH_BODY.read(request)
-    if query.k > state.settings.max_k:
-        raise ApiError(422, "invalid_request", f"k must be <= {state.settings.max_k}")
+    check_depth(state, query.k)
     given = [bool(images), query.key is not None, query.vector is not None]
     if sum(given) != 1:
         raise ApiError(

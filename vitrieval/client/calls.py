@@ -216,16 +216,18 @@ def start_duplicates(
     *,
     precision: float | None = None,
     filter: Filter | None = None,
+    label: str | None = None,
     keep: str | None = None,
 ) -> Call[answers.DuplicateJobOut]:
     """Start a server job listing every group of near-duplicates among the items
-    `filter` allows (the threshold as in `item_duplicates`; `keep` the rule of the
+    `filter` and `label` allow (the threshold as in `item_duplicates`; `keep` the rule of the
     item each group keeps, "largest" by default). A `ConflictError` while another job
     runs. Poll `duplicates_job(job)` until its status is no longer "running"."""
     body = _given(
         threshold=threshold,
         precision=precision,
         filter=dict(filter) if filter is not None else None,
+        label=label,
         keep=keep,
     )
     # not repeated: a retry of a start that did start would meet its own job (409)
