@@ -20,11 +20,13 @@ At a threshold T the pairs scoring at least T are what `duplicates` would report
 
 with TP(T) the positives and FP(T) the negatives scoring >= T. For each precision level
 the least T (the highest recall) whose precision reaches the level is chosen among the
-scores measured; a level no T reaches keeps the T of the best precision (ties: the
+positives' scores (lowering T below a positive's score to a negative's adds false pairs
+and no true one); a level no T reaches keeps the T of the best precision (ties: the
 lower T) and says so (`reached`). Negatives come from a top-k search (k = NEIGHBOURS);
 a copy whose k-th hit still scores at least the lowest chosen threshold is searched
 again deeper (k x 4, up to MAX_DEPTH), so no negative above a chosen threshold is
-unseen. Precision and recall carry 95% Wilson score intervals:
+unseen (beyond MAX_DEPTH hits, 10,000, a copy is not read). Precision and recall
+carry 95% Wilson score intervals:
 
     (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n),   z = 1.96
 
@@ -105,9 +107,14 @@ def choose_level(scores: CopyScores, precision: float) -> mf.CalibrationLevel:
     `precision` (module docstring), with what it measures."""
     pos = np.sort(scores.positives[np.isfinite(scores.positives)])[::-1]
     neg = np.sort(np.concatenate([*scores.negatives, np.empty(0, np.float32)]))[::-1]
-    candidates = np.unique(np.concatenate([pos, neg]))[::-1]  # high to low
+    # only a positive's score can be the threshold: lowering it to a negative's adds
+    # false pairs and no true one
+    candidates = np.unique(pos)[::-1]  # high to low
     if candidates.size == 0:
-        raise StoreError("calibration found no pairs at all: is the index empty?")
+        raise StoreError(
+            "calibration found no copy's original among its hits: the model cannot tell "
+            "these copies apart at all (or the index's images changed since it was built)"
+        )
     # counts at or above each candidate, by binary search in the descending arrays
     tp = np.searchsorted(-pos, -candidates, side="right")
     fp = np.searchsorted(-neg, -candidates, side="right")
@@ -260,6 +267,7 @@ def threshold_for(entry: mf.CalibrationEntry | None, precision: float | None = N
         known = ", ".join(f"{lv.precision:g}" for lv in entry.levels)
         raise StoreError(
             f"the index was calibrated for precision {known}, not {precision:g}: run "
-            f"`vitrieval-index calibrate INDEX --precision {precision:g}`"
+            f"`vitrieval-index calibrate INDEX --precision {precision:g}` (which also makes "
+            f"{precision:g} the index's default duplicate threshold)"
         )
     return level.threshold

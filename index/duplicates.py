@@ -115,8 +115,13 @@ def find_duplicates(
 
 
 def _pairs_of(store: Any, keys: list[str], where: Where, threshold: float) -> dict:
-    """{(a, b): score} of `keys`' neighbours at or above `threshold` (a < b)."""
-    vectors = np.stack(stored_vectors(store, keys))
+    """{(a, b): score} of `keys`' neighbours at or above `threshold` (a < b); keys
+    removed since they were listed (a server deletes beside a job) are skipped."""
+    stored = stored_vectors(store, keys)
+    keys = [key for key, vector in zip(keys, stored, strict=True) if vector is not None]
+    if not keys:
+        return {}
+    vectors = np.stack([vector for vector in stored if vector is not None])
     found: dict[tuple[str, str], float] = {}
     pending = np.arange(len(keys))
     k = NEIGHBOURS
@@ -173,6 +178,8 @@ def _keep(store: Any, keys: list[str], rule: str) -> str:
 
     def rank(key: str) -> tuple:
         record = records[key]
+        if record is None:  # removed since the pairs were found
+            return (2, 0, key)
         if rule.startswith("metadata:"):
             value = record.metadata
             for part in rule.split(":", 1)[1].split("."):

@@ -28,10 +28,14 @@ from vitrieval.index.store import StoreError
 from vitrieval.index.store import manifest as mf
 from vitrieval.index.store.request import Query, Ranked
 
-from .errors import ApiError
+from .errors import ApiError, store_error
 
 logger = logging.getLogger(__name__)
 MAX_KEPT_JOBS = 8
+CALL_TIMEOUT_S = 600.0
+"""A job's single index call that takes longer fails the job (a hung shard)."""
+STOP_WAIT_S = 30.0
+"""How long a shutdown waits for a running job to reach the end of its batch."""
 T = TypeVar("T")
 
 
@@ -55,7 +59,7 @@ class BlockingIndex:
         self._index, self._loop = index, loop
 
     def _wait(self, call: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result(CALL_TIMEOUT_S)
 
     def info(self) -> dict[str, Any]:
         return self._wait(self._index.info())
@@ -132,11 +136,19 @@ class DuplicateJobs:
             job.status = "stopped"
         except Exception as exc:  # a job must end: a failure is its answer, not a hang
             logger.exception("duplicates job %s failed", job.job)
-            job.status, job.error = "failed", str(exc) or type(exc).__name__
+            job.status = "failed"
+            job.error = (
+                store_error(exc, 500, "failed").detail  # its public words, never a path
+                if isinstance(exc, StoreError)
+                else f"{type(exc).__name__} (the server's log has the details)"
+            )
         finally:
             job.finished = mf.now_iso()
 
     async def stop(self) -> None:
-        """Stop the running job after its current batch, and wait for it."""
+        """Stop the running job after its current batch, and wait for it (at most
+        STOP_WAIT_S: a job stuck in an index call is left to its call's timeout)."""
         self._stop.set()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_WAIT_S)
+        self._stop = threading.Event()  # a state served again starts jobs afresh

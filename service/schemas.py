@@ -367,6 +367,12 @@ class DuplicatesRequest(Strict):
         DEFAULT_KEEP, description=f"the item each group keeps: {', '.join(KEEP_RULES)}"
     )
 
+    @model_validator(mode="after")
+    def _one_threshold(self) -> DuplicatesRequest:
+        if self.threshold is not None and self.precision is not None:
+            raise ValueError("give threshold or precision, not both")
+        return self
+
     @field_validator("keep")
     @classmethod
     def _rule(cls, value: str) -> str:

@@ -58,6 +58,26 @@ def test_the_threshold_is_the_lowest_that_reaches_the_precision() -> None:
     assert top.threshold == 0.95 and top.recall == 0.25 and top.measured_precision == 1.0
 
 
+def test_a_negatives_score_is_never_the_threshold() -> None:
+    # 0.85 (a negative) reaches 0.6 too, with the same recall as 0.9 and a false pair more
+    s = scores([0.95, 0.9], [[0.85], [0.5]])
+    level = choose_level(s, 0.6)
+    assert level.threshold == 0.9 and level.measured_precision == 1.0 and level.recall == 1.0
+
+
+def test_malformed_calibrations_are_refused() -> None:
+    level = mf.CalibrationLevel(0.99, 0.9, True, 1.0, (0.9, 1.0), 0.5, (0.4, 0.6), 7)
+    good = mf.CalibrationEntry(0.99, (level,), 20, 100, 0, 48, "2026-01-01T00:00:00Z").to_json()
+    assert mf.CalibrationEntry.from_json(good) is not None
+    for field, value in [("threshold", float("nan")), ("threshold", 3.0), ("recall", 1.5),
+                         ("pairs", -1), ("precision", 1.0)]:  # fmt: skip
+        bad = {**good, "levels": [{**good["levels"][0], field: value}]}
+        assert mf.CalibrationEntry.from_json(bad) is None, (field, value)
+    twice = {**good, "levels": [good["levels"][0]] * 2}
+    assert mf.CalibrationEntry.from_json(twice) is None
+    assert mf.CalibrationEntry.from_json({**good, "images": -3}) is None
+
+
 def test_an_unreachable_precision_keeps_the_best_and_says_so() -> None:
     s = scores([0.5, 0.4], [[0.9, 0.6], [0.45]])  # negatives above every positive
     level = choose_level(s, 0.9)

@@ -202,3 +202,38 @@ def test_a_resumed_run_drops_items_removed_meanwhile(catalogue, tmp_path) -> Non
     other = IndexStore.create(tmp_path / "other", dim=DIM, factory="Flat")
     other.add(catalogue["keys"][:500], catalogue["x"][:500])
     assert find_duplicates(other, THRESHOLD, state=state) == find_duplicates(other, THRESHOLD)
+
+
+class DeletingBeside:
+    """A store that another client empties as the run goes: after each page is
+    listed, the page's first three items are removed (a server deleting beside a job)."""
+
+    def __init__(self, store: IndexStore) -> None:
+        self.store = store
+        self.removed: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.store
+
+    def scroll(self, *args, **kwargs):
+        page = self.store.scroll(*args, **kwargs)
+        gone = [item.key for item in page.items[:3]]
+        self.store.remove(gone)
+        self.removed += gone
+        return page
+
+
+def test_items_removed_while_a_run_reads_them_are_skipped(catalogue, tmp_path) -> None:
+    store = IndexStore.create(tmp_path / "index", dim=DIM, factory="Flat")
+    store.add(catalogue["keys"], catalogue["x"])
+    beside = DeletingBeside(store)
+    groups = find_duplicates(beside, THRESHOLD, batch=100)
+    assert len(beside.removed) == 3 * 11  # 1,000 + 98 items: 11 pages
+    left = np.array([key not in beside.removed for key in catalogue["keys"]])
+    assert sorted(g.keys for g in groups) == brute_force_groups(
+        catalogue["x"], catalogue["keys"], THRESHOLD, left
+    )
+    store.close()

@@ -132,6 +132,25 @@ def test_unknown_jobs_and_bad_rules_are_clear(tiny_onnx, tmp_path) -> None:
         assert bad.status_code == 422 and "keep must be one of" in bad.text
         precision = send(http, calls.start_duplicates(precision=0.99))
         assert precision.status_code == 422 and "no calibrated" in precision.text
+        both = send(http, calls.start_duplicates(0.9, precision=0.99))
+        assert both.status_code == 422 and "not both" in both.text
+        both = send(http, calls.item_duplicates("item/07", threshold=0.9, precision=0.99))
+        assert both.status_code == 422 and "not both" in both.text
+
+
+def test_the_default_limit_follows_a_lower_max_k(tiny_onnx, tmp_path) -> None:
+    keys, vectors = planted(np.random.default_rng(3))
+    store = IndexStore.create(tmp_path / "index", dim=DIM, model_path=tiny_onnx)
+    store.add(keys, vectors)
+    store.save()
+    store.close()
+    settings = Settings(model=tiny_onnx, index=tmp_path / "index", api_key=KEY, max_k=1)
+    with TestClient(create_app(settings), headers={"X-API-Key": KEY}) as http:
+        answer = send(http, calls.item_duplicates("item/07", threshold=0.5))
+        assert answer.status_code == 200 and len(answer.json()["duplicates"]) == 1
+        assert (
+            send(http, calls.item_duplicates("item/07", threshold=0.5, limit=2)).status_code == 422
+        )
 
 
 def test_a_job_over_one_label_finds_that_labels_groups(tiny_onnx, tmp_path) -> None:

@@ -7,6 +7,7 @@ one of them too (`mf.Manifest`, ...).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -200,6 +201,14 @@ class CalibrationLevel:
             and _is_int(raw.get("pairs"))
         ):
             return None
+        shares = [raw["measured_precision"], raw["recall"], *raw[spans[0]], *raw[spans[1]]]
+        if not (
+            0 < raw["precision"] < 1
+            and abs(raw["threshold"]) <= 1 + 1e-3  # a cosine, float32 rounding allowed
+            and all(0 <= v <= 1 for v in shares)
+            and raw["pairs"] >= 0
+        ):
+            return None
         return cls(
             **{f: float(raw[f]) for f in floats},
             **{f: (float(raw[f][0]), float(raw[f][1])) for f in spans},
@@ -254,6 +263,9 @@ class CalibrationEntry:
             and all(_is_int(raw.get(f)) for f in ints)
             and isinstance(raw.get("calibrated"), str)
             and None not in levels
+            and 0 < raw["precision"] < 1
+            and all(raw[f] >= 0 for f in ints)
+            and len({level.precision for level in levels}) == len(levels)  # type: ignore[union-attr]
         ):
             return None
         entry = cls(
@@ -266,7 +278,8 @@ class CalibrationEntry:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite int or float (JSON as Python reads it may hold NaN and Infinity)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value: Any) -> bool:

@@ -31,6 +31,8 @@ from .items import KeyPath
 router = APIRouter(prefix="/v1", tags=["duplicates"], dependencies=[ReadAccess])
 DUPLICATES_BODY = RequestBody(DuplicatesRequest, image_field=None)
 """JSON, or a form (its filter as JSON text): no image."""
+DEFAULT_LIMIT = 100
+"""An item's duplicates listed when no `limit` is given (fewer if max_k is lower)."""
 
 
 @DUPLICATES_BODY.post(router, "/duplicates", error_responses(400, 401, 409, 413, 415, 422), 202)
@@ -74,8 +76,14 @@ async def item_duplicates(
     precision: Annotated[
         float | None, Query(gt=0, lt=1, description="the calibrated level to use")
     ] = None,
-    limit: Annotated[int, Query(ge=1, description="at most this many (up to max_k)")] = 100,
+    limit: Annotated[
+        int | None, Query(ge=1, description=f"at most this many (default {DEFAULT_LIMIT} or max_k)")
+    ] = None,
 ) -> ItemDuplicates:
+    if threshold is not None and precision is not None:
+        raise ApiError(422, "invalid_request", "give threshold or precision, not both")
+    if limit is None:
+        limit = min(DEFAULT_LIMIT, state.settings.max_k)
     check_depth(state, limit, "limit")
     (vector,) = await state.index.vectors([key])
     if vector is None:

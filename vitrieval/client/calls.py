@@ -201,7 +201,7 @@ def item_duplicates(
     """The items scoring at least `threshold` against the item `key`, best first, at
     most `limit` (None: the server's default). Without `threshold`, the index's
     calibrated threshold (of the `precision` level when given; an index never
-    calibrated answers a `ValidationError`)."""
+    calibrated answers an `InvalidRequestError`)."""
     params = _given(threshold=threshold, precision=precision, limit=limit)
     return Call(
         "GET",
@@ -265,7 +265,7 @@ def add(
     least that against an indexed one (another key) is refused: a `ConflictError` whose
     code is "duplicate" and whose message names it; `reject_duplicates=True` alone
     refuses at the index's calibrated threshold (`vitrieval-index calibrate`; an index
-    without one answers a `ValidationError`). Needs the write key. Only an add
+    without one answers an `InvalidRequestError`). Needs the write key. Only an add
     with `replace=True` is retried (a plain add sent twice would conflict with itself)."""
     body = _given(
         key=key,
