@@ -43,6 +43,7 @@ from .shards import (
     existing_shards,
     wants_shards,
 )
+from .snapshot import add_snapshot_commands
 from .tune import add_target_recall_option, add_tune_command, tune_index
 
 USER_ERRORS: tuple[type[Exception], ...] = (
@@ -519,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     # the commands of their own modules
     for add in (add_search_command, add_recommend_command, add_duplicates_command,
                 add_calibrate_command, add_bench_command, add_configure_command,
-                add_tune_command):  # fmt: skip
+                add_tune_command, add_snapshot_commands):  # fmt: skip
         add(sub)
 
     export = sub.add_parser(
