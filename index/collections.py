@@ -1,0 +1,220 @@
+"""A data folder of named collections and aliases: what `vitrieval-serve --data DIR`
+serves.
+
+Layout (one place; everything else asks this module)::
+
+    DIR/models/FILE.onnx          model files collections are created from
+    DIR/collections/NAME/         one index directory per collection (its own model copy)
+    DIR/aliases.json              {"aliases": {"ALIAS": "NAME", ...}}
+
+Names (collections and aliases alike) match NAME_PATTERN and share one namespace: an
+alias may not take a collection's name, nor a collection an alias's. An index folder
+moved under `collections/` is a collection. An alias names an existing collection;
+a collection an alias names cannot be deleted (repoint or delete the alias first), so
+no alias ever points nowhere.
+
+aliases.json is replaced atomically (written beside, fsynced, renamed) under an
+exclusive lock on DIR/.aliases.lock, so concurrent writers in several processes
+serialise, and a crash leaves either the old file or the new one (and a temporary
+file, which the next writer removes). A collection is
+deleted by renaming its folder out of `collections/` first (atomic: it is gone or
+whole), then removing the renamed folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from .atomic import atomic_write_text, fsync_dir
+from .shards.store import is_index
+from .store import IndexStore, StoreError
+
+MODELS_DIR = "models"
+COLLECTIONS_DIR = "collections"
+ALIASES_FILE = "aliases.json"
+_ALIASES_LOCK = ".aliases.lock"
+_TRASH_PREFIX = ".deleting-"
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+"""Collection and alias names: lower-case letters, digits, '_' and '-', 1 to 64."""
+
+
+class UnknownCollection(StoreError):
+    """No collection or alias of that name (an HTTP 404)."""
+
+
+class NameTaken(StoreError):
+    """The name is a collection or an alias already, or the collection is in use by an
+    alias (an HTTP 409)."""
+
+
+def check_name(name: str, what: str = "collection") -> str:
+    """`name` when it is a valid collection or alias name; else a StoreError."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise StoreError(
+            f"{what} name {name!r} is not valid: 1 to 64 of a-z, 0-9, '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+class DataFolder:
+    """The collections, models and aliases of one data folder (module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise StoreError(f"data folder not found: {self.root}")
+        for sub in (MODELS_DIR, COLLECTIONS_DIR):
+            (self.root / sub).mkdir(exist_ok=True)
+
+    # -- collections ---------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The collections, sorted: the index folders under collections/ with valid names."""
+        folder = self.root / COLLECTIONS_DIR
+        return sorted(
+            p.name for p in folder.iterdir() if NAME_PATTERN.fullmatch(p.name) and is_index(p)
+        )
+
+    def resolve(self, name: str) -> str:
+        """The collection `name` means: itself, or the one the alias names."""
+        check_name(name)
+        target = self.aliases().get(name, name)
+        if target not in self.names():
+            raise UnknownCollection(f"no collection or alias named {name!r}")
+        return target
+
+    def path(self, name: str) -> Path:
+        """The index folder of collection (or alias) `name`."""
+        return self.root / COLLECTIONS_DIR / self.resolve(name)
+
+    def model_file(self, file: str) -> Path:
+        """A model file under models/ (a plain file name: no folders, no '..')."""
+        path = self.root / MODELS_DIR / file
+        if Path(file).name != file or file.startswith(".") or not path.is_file():
+            known = sorted(p.name for p in (self.root / MODELS_DIR).glob("*.onnx"))
+            raise StoreError(
+                f"no model file {file!r} under the data folder's {MODELS_DIR}/ "
+                f"(there: {', '.join(known) or 'none'})"
+            )
+        return path
+
+    def create(
+        self,
+        name: str,
+        model: str,
+        *,
+        factory: str = "Flat",
+        filter_fields: Sequence[str] | None = None,
+    ) -> Path:
+        """A new empty collection embedded by the model file `model` (under models/);
+        NameTaken when the name is a collection or an alias."""
+        from .runtime.model_metadata import read_model_metadata
+
+        check_name(name)
+        model_path = self.model_file(model)
+        meta = read_model_metadata(model_path)
+        with self._aliases_locked() as aliases:
+            if name in aliases or name in self.names():
+                raise NameTaken(f"{name!r} is already a collection or an alias")
+            path = self.root / COLLECTIONS_DIR / name
+            store = IndexStore.create(
+                path,
+                dim=meta.embedding_dim,
+                factory=factory,
+                fingerprint=meta.fingerprint,
+                model_path=model_path,
+                filter_fields=filter_fields,
+            )
+            store.save()
+            store.close()
+        return path
+
+    def delete(self, name: str) -> None:
+        """Delete collection `name` (not an alias); NameTaken while an alias names it."""
+        check_name(name)
+        with self._aliases_locked() as aliases:
+            if name in aliases:
+                raise NameTaken(f"{name!r} is an alias: delete it with the alias routes")
+            if name not in self.names():
+                raise UnknownCollection(f"no collection named {name!r}")
+            users = sorted(a for a, target in aliases.items() if target == name)
+            if users:
+                raise NameTaken(
+                    f"collection {name!r} is named by alias {', '.join(users)}: repoint or "
+                    "delete the alias first"
+                )
+            folder = self.root / COLLECTIONS_DIR
+            trash = folder / f"{_TRASH_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+            os.rename(folder / name, trash)  # gone at once, whatever the removal takes
+            fsync_dir(folder)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # -- aliases -------------------------------------------------------------------------
+
+    def aliases(self) -> dict[str, str]:
+        """alias -> collection, as aliases.json holds them now."""
+        return _read_aliases(self.root / ALIASES_FILE)
+
+    def set_alias(self, alias: str, collection: str) -> str | None:
+        """Point `alias` at `collection` (atomically); returns the collection it named
+        before (None: a new alias)."""
+        check_name(alias, "alias")
+        check_name(collection)
+        with self._aliases_locked() as aliases:
+            if alias in self.names():
+                raise NameTaken(f"{alias!r} is a collection: an alias needs a name of its own")
+            if collection not in self.names():
+                raise UnknownCollection(f"no collection named {collection!r}")
+            before = aliases.get(alias)
+            self._write_aliases({**aliases, alias: collection})
+        return before
+
+    def delete_alias(self, alias: str) -> str:
+        """Remove `alias`; returns the collection it named."""
+        check_name(alias, "alias")
+        with self._aliases_locked() as aliases:
+            if alias not in aliases:
+                raise UnknownCollection(f"no alias named {alias!r}")
+            target = aliases.pop(alias)
+            self._write_aliases(aliases)
+        return target
+
+    @contextlib.contextmanager
+    def _aliases_locked(self) -> Iterator[dict[str, str]]:
+        fd = os.open(self.root / _ALIASES_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # a writer killed mid-write left its temporary file: no writer is writing now
+            for stale in self.root.glob(f".{ALIASES_FILE}.*.tmp"):
+                stale.unlink(missing_ok=True)
+            yield self.aliases()
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _write_aliases(self, aliases: dict[str, str]) -> None:
+        text = json.dumps({"aliases": dict(sorted(aliases.items()))}, indent=2) + "\n"
+        atomic_write_text(self.root / ALIASES_FILE, text)
+
+
+def _read_aliases(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read {path}: {exc}") from None
+    aliases = data.get("aliases") if isinstance(data, dict) else None
+    if not isinstance(aliases, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()
+    ):
+        raise StoreError(f"{path} is not an aliases file ({{'aliases': {{...}}}})")
+    return dict(aliases)
