@@ -34,6 +34,7 @@ from .configure import (
     wants_settings,
 )
 from .duplicates import add_calibrate_command, add_duplicates_command
+from .export_dataset import add_export_dataset_command
 from .recommend import add_recommend_command
 from .search import add_search_command
 from .shards import (
@@ -388,19 +389,6 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_dataset(args: argparse.Namespace) -> int:
-    from ..evaluation.datasets import load_dataset
-    from ..pipeline.sources import write_image_folder
-
-    split = load_dataset(args.dataset, args.data_root, seed=args.seed, image_size=args.image_size)
-    items = {"train": split.train, "test": split.test, "all": split.train + split.test}[args.split]
-    listing = write_image_folder(items, Path(args.out))
-    print(
-        f"wrote {len(items)} images of {split.name} ({args.split}) to {args.out}; list: {listing}"
-    )
-    return 0
-
-
 def _quantize(args: argparse.Namespace) -> int:
     from ..runtime.quantize import SCHEME_BY_NAME, quantize_model
 
@@ -520,19 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     # the commands of their own modules
     for add in (add_search_command, add_recommend_command, add_duplicates_command,
                 add_calibrate_command, add_bench_command, add_configure_command,
-                add_tune_command, add_snapshot_commands):  # fmt: skip
+                add_tune_command, add_snapshot_commands, add_export_dataset_command):  # fmt: skip
         add(sub)
-
-    export = sub.add_parser(
-        "export-dataset", help="write a dataset split as image files (a folder per class + CSV)"
-    )
-    export.add_argument("--dataset", default="digits", help="digits|cub|cars|sop|folder|csv")
-    export.add_argument("--data-root", help="dataset folder or CSV (all but digits)")
-    export.add_argument("--split", default="test", choices=("train", "test", "all"))
-    export.add_argument("--image-size", type=int, default=32, help="digits only: side in pixels")
-    export.add_argument("--seed", type=int, default=0)
-    export.add_argument("--out", required=True, help="folder to write")
-    export.set_defaults(handler=_export_dataset)
 
     quantize = sub.add_parser(
         "quantize", help="INT8 dynamic quantisation of a model (or FP16 for GPU serving)"
