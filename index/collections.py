@@ -164,9 +164,10 @@ class DataFolder:
         """alias -> collection, as aliases.json holds them now."""
         return _read_aliases(self.root / ALIASES_FILE)
 
-    def set_alias(self, alias: str, collection: str) -> str | None:
+    def set_alias(self, alias: str, collection: str, *, expected: str | None = None) -> str | None:
         """Point `alias` at `collection` (atomically); returns the collection it named
-        before (None: a new alias)."""
+        before (None: a new alias). With `expected`, only if the alias still names that
+        collection (a compare-and-set: NameTaken when another switch came first)."""
         check_name(alias, "alias")
         check_name(collection)
         with self._aliases_locked() as aliases:
@@ -175,6 +176,11 @@ class DataFolder:
             if collection not in self.names():
                 raise UnknownCollection(f"no collection named {collection!r}")
             before = aliases.get(alias)
+            if expected is not None and before != expected:
+                raise NameTaken(
+                    f"alias {alias!r} names {before!r} now, not {expected!r}: it was switched "
+                    "meanwhile"
+                )
             self._write_aliases({**aliases, alias: collection})
         return before
 

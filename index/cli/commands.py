@@ -35,6 +35,7 @@ from .configure import (
 )
 from .duplicates import add_calibrate_command, add_duplicates_command
 from .export_dataset import add_export_dataset_command
+from .promote import add_promote_command
 from .recommend import add_recommend_command
 from .search import add_search_command
 from .shards import (
@@ -508,7 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     # the commands of their own modules
     for add in (add_search_command, add_recommend_command, add_duplicates_command,
                 add_calibrate_command, add_bench_command, add_configure_command,
-                add_tune_command, add_snapshot_commands, add_export_dataset_command):  # fmt: skip
+                add_tune_command, add_snapshot_commands, add_export_dataset_command,
+                add_promote_command):  # fmt: skip
         add(sub)
 
     quantize = sub.add_parser(
