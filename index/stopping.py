@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 PROGRAM = "vitrieval-index"
-RESUMABLE_COMMANDS: frozenset[str] = frozenset({"build", "embed", "add", "duplicates"})
+RESUMABLE_COMMANDS: frozenset[str] = frozenset({"build", "embed", "add", "duplicates", "reembed"})
 """The commands whose work a re-run continues (each skips what is already done)."""
 
 

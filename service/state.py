@@ -24,6 +24,7 @@ from vitrieval.index.runtime.embedder import CPU, Embedder, ort_cpu_reason, sele
 from vitrieval.index.runtime.images import DecodeBudget, DecodeBudgetBusy
 from vitrieval.index.shards import ShardedStore, open_index
 from vitrieval.index.store import IndexStore, check_gpu_mode, faiss_cpu_reason
+from vitrieval.index.store.manifest import UPLOADS_DIR
 from vitrieval.index.unit_vectors import unit_rows
 
 from .batching import DynamicBatcher
@@ -36,8 +37,6 @@ from .settings import Settings
 from .upkeep import CheckpointStatus
 
 logger = logging.getLogger("vitrieval.service")
-
-UPLOADS_DIR = "uploads"
 
 
 class StartupError(RuntimeError):

@@ -37,6 +37,7 @@ from .duplicates import add_calibrate_command, add_duplicates_command
 from .export_dataset import add_export_dataset_command
 from .promote import add_promote_command
 from .recommend import add_recommend_command
+from .reembed import add_reembed_command
 from .search import add_search_command
 from .shards import (
     add_shards_option,
@@ -510,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (add_search_command, add_recommend_command, add_duplicates_command,
                 add_calibrate_command, add_bench_command, add_configure_command,
                 add_tune_command, add_snapshot_commands, add_export_dataset_command,
-                add_promote_command):  # fmt: skip
+                add_promote_command, add_reembed_command):  # fmt: skip
         add(sub)
 
     quantize = sub.add_parser(

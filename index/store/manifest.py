@@ -55,6 +55,8 @@ UPGRADE_ONLY_FORMAT_VERSION = 1
 """Format 1: opened by `vitrieval-index upgrade` alone (_upgrade_format1.py)."""
 MANIFEST = "manifest.json"
 MODEL_COPY_FILE = "model.onnx"
+UPLOADS_DIR = "uploads"
+"""INDEX/uploads: the images a server keeps for the items added through its API."""
 LOCK_FILE = ".lock"
 WRITER_LOCK_WAIT_S = 5.0
 """The longest a save or a merge waits for DIR/.lock before giving up (it is retried
