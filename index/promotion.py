@@ -35,29 +35,34 @@ MAX_ITEMS = 20_000
 
 
 @dataclass(frozen=True)
+class Evaluated:
+    """One collection and its evaluation (the metrics `retrieval_metrics` answers)."""
+
+    collection: str
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Promotion:
-    """What `promote` measured and decided."""
+    """What `promote` measured and decided: the rule is (metric, min_gain)."""
 
     alias: str
-    current: str
-    candidate: str
-    metric: str
-    min_gain: float
-    current_metrics: dict[str, Any]
-    candidate_metrics: dict[str, Any]
+    current: Evaluated
+    candidate: Evaluated
+    rule: tuple[str, float]
     switched: bool
 
     def summary(self) -> str:
-        a = self.current_metrics[self.metric]
-        b = self.candidate_metrics[self.metric]
+        metric, min_gain = self.rule
+        a, b = self.current.metrics[metric], self.candidate.metrics[metric]
         verdict = (
-            f"switched {self.alias} to {self.candidate}"
+            f"switched {self.alias} to {self.candidate.collection}"
             if self.switched
-            else f"kept {self.alias} on {self.current}"
+            else f"kept {self.alias} on {self.current.collection}"
         )
         return (
-            f"{self.metric}: {self.current} {a:.4f}, {self.candidate} {b:.4f} "
-            f"(needed {a + self.min_gain:.4f}): {verdict}"
+            f"{metric}: {self.current.collection} {a:.4f}, {self.candidate.collection} "
+            f"{b:.4f} (needed {a + min_gain:.4f}): {verdict}"
         )
 
 
@@ -105,6 +110,8 @@ def promote(
     switched = candidate != current and wins(before, after, metric, min_gain)
     if switched:
         folder.set_alias(alias, candidate, expected=current)
-    result = Promotion(alias, current, candidate, metric, min_gain, before, after, switched)
+    result = Promotion(
+        alias, Evaluated(current, before), Evaluated(candidate, after), (metric, min_gain), switched
+    )
     logger.info("promote %s: %s", alias, result.summary())
     return result

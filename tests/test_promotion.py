@@ -51,8 +51,8 @@ def test_a_better_candidate_is_promoted_and_a_worse_one_is_not(data: DataFolder)
     assert not kept.switched and data.resolve("prod") == "v1"
     won = promote(data, "prod", "v2")
     assert won.switched and data.resolve("prod") == "v2"
-    assert won.candidate_metrics["map"] > won.current_metrics["map"]
-    assert won.current_metrics["n_items"] == won.candidate_metrics["n_items"] == 80
+    assert won.candidate.metrics["map"] > won.current.metrics["map"]
+    assert won.current.metrics["n_items"] == won.candidate.metrics["n_items"] == 80
     lost = promote(data, "prod", "v1", metric="recall@1")
     assert not lost.switched and data.resolve("prod") == "v2"
     assert "kept prod on v2" in lost.summary()

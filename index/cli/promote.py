@@ -50,8 +50,8 @@ def _promote(args: argparse.Namespace) -> int:
         ks=args.ks,
     )
     if args.json:
-        print(json.dumps({"switched": result.switched, "current": result.current_metrics,
-                          "candidate": result.candidate_metrics}, default=str))  # fmt: skip
+        print(json.dumps({"switched": result.switched, "current": result.current.metrics,
+                          "candidate": result.candidate.metrics}, default=str))  # fmt: skip
     else:
         print(result.summary())
     return 0
