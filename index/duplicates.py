@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,23 @@ def _groups(store: Any, pairs: dict[tuple[str, str], float], keep: str) -> list[
     # a resumed run's earlier pairs may name items removed since: they link nothing now
     gone = {key for pair in pairs for key in pair if key not in store}
     pairs = {(a, b): s for (a, b), s in pairs.items() if a not in gone and b not in gone}
+    root = single_linkage(pairs)
+    members: dict[str, list[str]] = {}
+    for key, r in root.items():
+        members.setdefault(r, []).append(key)
+    edges: dict[str, list[Pair]] = {}
+    for (a, b), score in sorted(pairs.items()):
+        edges.setdefault(root[a], []).append((a, b, score))
+    groups = [
+        DuplicateGroup(sorted(keys), _keep(store, sorted(keys), keep), edges[r])
+        for r, keys in members.items()
+    ]
+    return sorted(groups, key=lambda g: (-len(g.keys), g.keys[0]))
+
+
+def single_linkage(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Each key of `pairs` -> the smallest key of its connected component (union-find
+    with path halving)."""
     parent: dict[str, str] = {}
 
     def root(key: str) -> str:
@@ -158,17 +175,7 @@ def _groups(store: Any, pairs: dict[tuple[str, str], float], keep: str) -> list[
         ra, rb = root(a), root(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
-    members: dict[str, list[str]] = {}
-    for key in parent:
-        members.setdefault(root(key), []).append(key)
-    edges: dict[str, list[Pair]] = {}
-    for (a, b), score in sorted(pairs.items()):
-        edges.setdefault(root(a), []).append((a, b, score))
-    groups = [
-        DuplicateGroup(sorted(keys), _keep(store, sorted(keys), keep), edges[r])
-        for r, keys in members.items()
-    ]
-    return sorted(groups, key=lambda g: (-len(g.keys), g.keys[0]))
+    return {key: root(key) for key in list(parent)}
 
 
 def _keep(store: Any, keys: list[str], rule: str) -> str:
