@@ -114,11 +114,11 @@ def make_catalogue(folder: Path, tile: int = 128, short_side: int = 256) -> int:
     return count
 
 
-def _bin(name: str) -> str:
+def bin_path(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-def _run(command: list[str], log: Path) -> float:
+def run_logged(command: list[str], log: Path) -> float:
     started = time.perf_counter()
     with log.open("w") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
@@ -161,7 +161,7 @@ def evaluate(method: str, seed: int, args: argparse.Namespace) -> dict:
     else:
         run.mkdir(parents=True)
         command = [
-            _bin("vitrieval-train"),
+            bin_path("vitrieval-train"),
             "pretrain",
             *METHODS[method],
             "--images",
@@ -179,15 +179,15 @@ def evaluate(method: str, seed: int, args: argparse.Namespace) -> dict:
             "--out",
             str(run),
         ]
-        train_seconds = _run(command, run / "pretrain.log")
+        train_seconds = run_logged(command, run / "pretrain.log")
     model = run / "model.onnx"
-    _run(
-        [_bin("vitrieval-train"), "export", "--run", str(run), "--out", str(model)],
+    run_logged(
+        [bin_path("vitrieval-train"), "export", "--run", str(run), "--out", str(model)],
         run / "export.log",
     )
-    _run(
+    run_logged(
         [
-            _bin("vitrieval-index"),
+            bin_path("vitrieval-index"),
             "bench",
             "--model",
             str(model),

@@ -45,10 +45,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from densecl_experiment import METHODS, make_catalogue, random_init_run, shipped_photos
+from densecl_experiment import (
+    METHODS,
+    bin_path,
+    make_catalogue,
+    random_init_run,
+    run_logged,
+    shipped_photos,
+)
 from machine import describe, load_average
 from PIL import Image
 
+from vitrieval.index.duplicates import single_linkage
 from vitrieval.index.evaluation.copy_detection import KINDS, make_copy
 
 COPY_PLAN: tuple[tuple[str, ...] | None, ...] = (
@@ -59,19 +67,6 @@ COPY_PLAN: tuple[tuple[str, ...] | None, ...] = (
 """Each photo's copies: two of each single kind, two of the composite plan (None)."""
 SEED = 11  # the planted copies' edits; calibration draws its own (seed 0)
 PRECISION = 0.99
-
-
-def bin_path(name: str) -> str:
-    return str(Path(sys.executable).with_name(name))
-
-
-def run(command: list[str], log: Path) -> float:
-    started = time.perf_counter()
-    with log.open("w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed; see {log}")
-    return time.perf_counter() - started
 
 
 # -- the catalogue -------------------------------------------------------------------
@@ -109,23 +104,11 @@ def make_photo_catalogue(folder: Path, distractors: int) -> dict[str, tuple[str,
 # -- scoring -------------------------------------------------------------------------
 
 
-def components(keys: Iterable[str], pairs: Iterable[tuple[str, str]]) -> list[list[str]]:
-    """Single-linkage groups (size >= 2) of `pairs` over `keys`."""
-    parent = {key: key for key in keys}
-
-    def root(key: str) -> str:
-        while parent[key] != key:
-            parent[key] = parent[parent[key]]
-            key = parent[key]
-        return key
-
-    for a, b in pairs:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
+def components(pairs: Iterable[tuple[str, str]]) -> list[list[str]]:
+    """Single-linkage groups (size >= 2) of `pairs`, as `duplicates` groups them."""
     groups: dict[str, list[str]] = {}
-    for key in parent:
-        groups.setdefault(root(key), []).append(key)
+    for key, root in single_linkage(pairs).items():
+        groups.setdefault(root, []).append(key)
     return [sorted(g) for g in groups.values() if len(g) > 1]
 
 
@@ -183,7 +166,7 @@ def hash_similarity(folder: Path, kind: str) -> tuple[list[str], np.ndarray, flo
 
 def groups_at(keys: list[str], similarity: np.ndarray, threshold: float) -> list[list[str]]:
     rows, cols = np.nonzero(np.triu(similarity >= threshold, k=1))
-    return components(keys, ((keys[a], keys[b]) for a, b in zip(rows, cols, strict=True)))
+    return components((keys[a], keys[b]) for a, b in zip(rows, cols, strict=True))
 
 
 def best_f1(
@@ -214,16 +197,16 @@ def model_groups(model: Path, folder: Path, work: Path) -> tuple[list[list[str]]
     """Build, calibrate and list duplicates with the CLI; the groups, the seconds per
     image of build + duplicates, and the calibration's level."""
     index = work / "index"
-    seconds = run(
+    seconds = run_logged(
         [bin_path("vitrieval-index"), "build", "--model", str(model), "--images", str(folder),
          "--out", str(index)], work / "build.log",
     )  # fmt: skip
-    run(
+    run_logged(
         [bin_path("vitrieval-index"), "calibrate", str(index), "--precision", str(PRECISION),
          "--images", "200", "--copies", "5"], work / "calibrate.log",
     )  # fmt: skip
     out = work / "groups.json"
-    seconds += run(
+    seconds += run_logged(
         [bin_path("vitrieval-index"), "duplicates", str(index), "--precision", str(PRECISION),
          "--out", str(out)], work / "duplicates.log",
     )  # fmt: skip
@@ -256,9 +239,9 @@ def train_models(out: Path, epochs: int) -> dict[str, Path]:
                 random_init_run(folder, 0, argparse.Namespace(catalogue=tiles, preset="tiny"))
             else:
                 folder.mkdir(parents=True, exist_ok=True)
-                run([*command, "--out", str(folder)], folder.with_suffix(".train.log"))
-            run([bin_path("vitrieval-train"), "export", "--run", str(folder), "--out", str(model)],
-                folder.with_suffix(".export.log"))  # fmt: skip
+                run_logged([*command, "--out", str(folder)], folder.with_suffix(".train.log"))
+            export = [bin_path("vitrieval-train"), "export", "--run", str(folder)]
+            run_logged([*export, "--out", str(model)], folder.with_suffix(".export.log"))
         models[name] = model
     return models
 
