@@ -176,6 +176,7 @@ def search_copies(
     deepest hit still scores at least `lowest(scores)` are searched deeper."""
     n = len(originals)
     scores = CopyScores(np.full(n, -np.inf), [np.empty(0)] * n, [False] * n, [-np.inf] * n)
+    read = _VectorCache(store)  # an original's copies, and deeper rounds, ask again
     pending, k = np.arange(n), NEIGHBOURS
     while pending.size:
         k = min(k, MAX_DEPTH)
@@ -185,7 +186,7 @@ def search_copies(
             scores.last[c] = float(hits[-1][1].score) if hits else -np.inf
             scores.deeper[c] = len(hits) == k < MAX_DEPTH
             scores.positives[c] = found.pop(originals[c], -np.inf)
-            others = _not_as_close(store, originals[c], found, scores.positives[c])
+            others = _not_as_close(read, originals[c], found, scores.positives[c])
             scores.negatives[c] = np.fromiter(others, np.float64, len(others))
         bound = lowest(scores)
         pending = np.flatnonzero(
@@ -195,14 +196,30 @@ def search_copies(
     return scores
 
 
-def _not_as_close(store: Any, original: str, found: dict[str, float], positive: float) -> list:
+class _VectorCache:
+    """Stored vectors read once per calibration (None: no such item)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.known: dict[str, np.ndarray | None] = {}
+
+    def __call__(self, keys: list[str]) -> list[np.ndarray | None]:
+        missing = [key for key in dict.fromkeys(keys) if key not in self.known]
+        if missing:
+            self.known.update(zip(missing, stored_vectors(self.store, missing), strict=True))
+        return [self.known[key] for key in keys]
+
+
+def _not_as_close(
+    read: _VectorCache, original: str, found: dict[str, float], positive: float
+) -> list:
     """The scores of the `found` items (key -> score against the copy) that score
     less against `original` than the copy does (`positive`); all of them when the
     search missed the original (nothing to compare with)."""
     if not found or not np.isfinite(positive):
         return list(found.values())
     keys = list(found)
-    anchor, *vectors = stored_vectors(store, [original, *keys])
+    anchor, *vectors = read([original, *keys])
     if anchor is None:
         return list(found.values())
     return [
