@@ -211,3 +211,32 @@ def test_the_command_line_prints_groups(served, tmp_path, capsys) -> None:
     assert code == 2 and err.count("\n") == 1 and "--group-size needs --group-by" in err
     code, _, err = run(capsys, "search", served, image, "--group-by", "shop", "--group-size", 0)
     assert code == 2 and err.count("\n") == 1 and "group_size must be an integer" in err
+
+
+def test_a_sharded_index_groups_as_one_store(catalogue, tmp_path) -> None:
+    """By label, over 3 shards: the same groups as one store of the same items."""
+    from test_shards import in_process, write_folder
+
+    from vitrieval.index.shards import open_index
+    from vitrieval.index.shards.build import build_sharded
+
+    x, q = catalogue["x"], catalogue["q"]
+    keys = [str(i) for i in range(len(x))]
+    labels = [m.get("shop", "none") for m in catalogue["metadata"]]
+    one = IndexStore.create(tmp_path / "one", dim=DIM)
+    one.add(keys, x, labels=labels)
+    emb = write_folder(tmp_path / "emb", x, keys, labels)
+    build_sharded(emb, tmp_path / "sharded", "", "Flat", 3, 500, in_process)
+
+    def by_label(store) -> list:
+        index = LocalIndex(store)
+        return [
+            [(g.value, [h.key for _, h in g.hits]) for g in asyncio.run(
+                search_groups(index, row[None], 5, Grouping("label", 3), offset=1)
+            )]
+            for row in q
+        ]  # fmt: skip
+
+    with open_index(tmp_path / "sharded") as sharded:
+        assert by_label(sharded) == by_label(one)
+    assert by_label(one)[0][0][0] != "big"  # offset 1: "big" was the first group
