@@ -59,27 +59,34 @@ def free_port() -> int:
 
 
 class Server:
-    """`python -m service.cli --model M --index DIR --read-only --[no-]batching` on loopback."""
+    """`python -m service.cli --model M --index DIR --read-only --[no-]batching` on loopback;
+    `served` in place of `--model M --index DIR --read-only` (e.g. `--data DIR`, writable:
+    the key comes in `env`)."""
 
     def __init__(
-        self, mode: str, model: Path, index: Path, logs: Path, extra: list[str], env: dict
+        self,
+        mode: str,
+        model: Path | None,
+        index: Path | None,
+        logs: Path,
+        extra: list[str],
+        env: dict,
+        served: list[str] | None = None,
     ) -> None:
         self.mode = mode
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
+        if served is None:
+            served = ["--model", str(model), "--index", str(index), "--read-only"]
         command = [
             sys.executable,
             "-m",
             "vitrieval.service.cli",
-            "--model",
-            str(model),
-            "--index",
-            str(index),
+            *served,
             "--host",
             HOST,
             "--port",
             str(self.port),
-            "--read-only",
             "--batching" if mode == "on" else "--no-batching",
             "--log-level",
             "warning",

@@ -6,6 +6,7 @@ Layout (one place; everything else asks this module)::
     DIR/models/FILE.onnx          model files collections are created from
     DIR/collections/NAME/         one index directory per collection (its own model copy)
     DIR/aliases.json              {"aliases": {"ALIAS": "NAME", ...}}
+    DIR/snapshots/NAME/ID.tar     snapshots of collection NAME (index/collection_snapshots.py)
 
 Names (collections and aliases alike) match NAME_PATTERN and share one namespace: an
 alias may not take a collection's name, nor a collection an alias's. An index folder
@@ -29,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,8 +42,13 @@ from .store import IndexStore, StoreError
 MODELS_DIR = "models"
 COLLECTIONS_DIR = "collections"
 ALIASES_FILE = "aliases.json"
+SNAPSHOTS_DIR = "snapshots"
+SNAPSHOT_ID = re.compile(r"[0-9]{8}t[0-9]{6}z-[0-9a-f]{8}")
+"""Snapshot ids: the UTC time taken and 8 random hex digits (`new_snapshot_id`)."""
 _ALIASES_LOCK = ".aliases.lock"
 _TRASH_PREFIX = ".deleting-"
+DEFAULT_FACTORY = "Flat"
+"""A new collection's FAISS factory: exact search, trained on nothing (it starts empty)."""
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 """Collection and alias names: lower-case letters, digits, '_' and '-', 1 to 64."""
 
@@ -80,15 +87,17 @@ class DataFolder:
     def names(self) -> list[str]:
         """The collections, sorted: the index folders under collections/ with valid names."""
         folder = self.root / COLLECTIONS_DIR
-        return sorted(
-            p.name for p in folder.iterdir() if NAME_PATTERN.fullmatch(p.name) and is_index(p)
-        )
+        return sorted(p.name for p in folder.iterdir() if self.is_collection(p.name))
+
+    def is_collection(self, name: str) -> bool:
+        """Whether `name` is a collection (not an alias): one stat, no listing."""
+        return bool(NAME_PATTERN.fullmatch(name)) and is_index(self.root / COLLECTIONS_DIR / name)
 
     def resolve(self, name: str) -> str:
         """The collection `name` means: itself, or the one the alias names."""
         check_name(name)
         target = self.aliases().get(name, name)
-        if target not in self.names():
+        if not self.is_collection(target):
             raise UnknownCollection(f"no collection or alias named {name!r}")
         return target
 
@@ -112,7 +121,7 @@ class DataFolder:
         name: str,
         model: str,
         *,
-        factory: str = "Flat",
+        factory: str = DEFAULT_FACTORY,
         filter_fields: Sequence[str] | None = None,
     ) -> Path:
         """A new empty collection embedded by the model file `model` (under models/);
@@ -123,7 +132,7 @@ class DataFolder:
         model_path = self.model_file(model)
         meta = read_model_metadata(model_path)
         with self._aliases_locked() as aliases:
-            if name in aliases or name in self.names():
+            if name in aliases or self.is_collection(name):
                 raise NameTaken(f"{name!r} is already a collection or an alias")
             path = self.root / COLLECTIONS_DIR / name
             store = IndexStore.create(
@@ -138,13 +147,52 @@ class DataFolder:
             store.close()
         return path
 
+    def restore(self, name: str, snapshot: Path) -> Path:
+        """A new collection `name` holding the items of the snapshot file `snapshot`
+        (restore_snapshot: a failed restore leaves nothing); NameTaken as `create`."""
+        from .store.snapshot import restore_snapshot
+
+        check_name(name)
+        with self._aliases_locked() as aliases:
+            if name in aliases or self.is_collection(name):
+                raise NameTaken(f"{name!r} is already a collection or an alias")
+            path = self.root / COLLECTIONS_DIR / name
+            with snapshot.open("rb") as source:
+                restore_snapshot(source, path)
+        return path
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    def snapshot_folder(self, collection: str) -> Path:
+        """Where collection `collection`'s snapshots are kept (made on first use)."""
+        folder = self.root / SNAPSHOTS_DIR / check_name(collection)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def snapshot_file(self, snapshot: str, collection: str | None = None) -> Path:
+        """The tar file of snapshot `snapshot` (of `collection`, or of any collection:
+        ids are unique); UnknownCollection when there is none."""
+        if SNAPSHOT_ID.fullmatch(snapshot):
+            folders = [collection] if collection else self._snapshot_owners()
+            for owner in folders:
+                path = self.root / SNAPSHOTS_DIR / owner / f"{snapshot}.tar"
+                if path.is_file():
+                    return path
+        raise UnknownCollection(f"no snapshot {snapshot!r}")
+
+    def _snapshot_owners(self) -> list[str]:
+        folder = self.root / SNAPSHOTS_DIR
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if NAME_PATTERN.fullmatch(p.name))
+
     def delete(self, name: str) -> None:
         """Delete collection `name` (not an alias); NameTaken while an alias names it."""
         check_name(name)
         with self._aliases_locked() as aliases:
             if name in aliases:
                 raise NameTaken(f"{name!r} is an alias: delete it with the alias routes")
-            if name not in self.names():
+            if not self.is_collection(name):
                 raise UnknownCollection(f"no collection named {name!r}")
             users = sorted(a for a, target in aliases.items() if target == name)
             if users:
@@ -171,9 +219,9 @@ class DataFolder:
         check_name(alias, "alias")
         check_name(collection)
         with self._aliases_locked() as aliases:
-            if alias in self.names():
+            if self.is_collection(alias):
                 raise NameTaken(f"{alias!r} is a collection: an alias needs a name of its own")
-            if collection not in self.names():
+            if not self.is_collection(collection):
                 raise UnknownCollection(f"no collection named {collection!r}")
             before = aliases.get(alias)
             if expected is not None and before != expected:
@@ -224,3 +272,8 @@ def _read_aliases(path: Path) -> dict[str, str]:
     ):
         raise StoreError(f"{path} is not an aliases file ({{'aliases': {{...}}}})")
     return dict(aliases)
+
+
+def new_snapshot_id() -> str:
+    """A new snapshot id (SNAPSHOT_ID): sortable by time, unique by its random part."""
+    return f"{time.strftime('%Y%m%dt%H%M%Sz', time.gmtime())}-{uuid.uuid4().hex[:8]}"

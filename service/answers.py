@@ -275,3 +275,71 @@ class InfoResponse(BaseModel):
     model: ModelInfo
     index: IndexInfo
     service: ServiceInfo
+
+
+class CollectionOut(BaseModel):
+    """A collection: `count` and `dim` as its open store holds them, or as its last
+    save does while it is closed; `model` its model's fingerprint; `status` damaged when
+    it cannot be opened or a segment failed verification (the log says why)."""
+
+    name: str
+    status: Literal["ok", "damaged"]
+    count: int | None
+    dim: int | None
+    model: str | None
+    aliases: list[str] = Field(description="the aliases naming it")
+    open: bool = Field(description="loaded now (closed when idle; reopened on use)")
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionOut]
+
+
+class CollectionDeleted(BaseModel):
+    collection: str
+    deleted: bool
+
+
+class AliasOut(BaseModel):
+    """An alias and the collection it names (`previous`: the one it named before)."""
+
+    alias: str
+    collection: str
+    previous: str | None = None
+
+
+class AliasList(BaseModel):
+    aliases: dict[str, str] = Field(description="alias -> collection")
+
+
+class PromoteResponse(BaseModel):
+    """Both evaluations, the rule and the decision of a promote."""
+
+    alias: str
+    switched: bool
+    metric: str
+    min_gain: float
+    current_collection: str
+    candidate_collection: str
+    current: EvaluateResponse
+    candidate: EvaluateResponse
+
+
+class SnapshotOut(BaseModel):
+    """A kept snapshot: its id, size, and the generation and count it holds."""
+
+    snapshot: str
+    collection: str
+    bytes: int
+    generation: int
+    count: int = Field(description="items committed in its generation (the journal aside)")
+    created: str
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotOut]
+
+
+class SnapshotDeleted(BaseModel):
+    snapshot: str
+    deleted: bool

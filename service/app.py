@@ -18,13 +18,17 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import FastAPI
 
 from . import __version__
+from .catalogue import Catalogue, data_folder
 from .errors import install_error_handlers
-from .maintenance import checkpoint_loop, final_save, scrub_loop
+from .keys import KeyRing
+from .maintenance import upkeep
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
 from .openapi import finish_openapi
 from .routers import (
+    aliases,
+    collections,
     docs,
     duplicates,
     evaluate,
@@ -33,8 +37,10 @@ from .routers import (
     recommend,
     scroll,
     search,
+    snapshots,
     web,
 )
+from .routers.collections import in_collection
 from .settings import Settings, get_settings
 from .state import ServiceState
 
@@ -60,27 +66,42 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
         loaded.ready = True
         metrics.ready.set(1)
         app.state.service = loaded
-        upkeep = [
-            asyncio.create_task(checkpoint_loop(loaded), name="vitrieval-checkpoint"),
-            asyncio.create_task(scrub_loop(loaded), name="vitrieval-scrub"),
-        ]
-        if loaded.follower is not None:  # read-only: answer from each new commit
-            upkeep.append(asyncio.create_task(loaded.follower.follow(), name="vitrieval-follow"))
         logger.info(
             "serving %d items of %s with %s", len(loaded.store), settings.index, settings.model
         )
         try:
+            async with upkeep(loaded):
+                try:
+                    yield
+                finally:
+                    loaded.ready = False
+                    metrics.ready.set(0)
+        finally:
+            await loaded.batcher.stop()
+
+    return build_app(settings, metrics, lifespan)
+
+
+def create_data_app(settings: Settings, catalogue: Catalogue | None = None) -> FastAPI:
+    """The app serving every collection of the data folder `settings.data`
+    (service/catalogue.py); `catalogue`: one the CLI made already (to fail fast)."""
+    metrics = catalogue.metrics if catalogue is not None else ServiceMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        return_large_buffers_to_the_os()
+        assert settings.data is not None  # Settings checks --data or --model/--index
+        served = catalogue or Catalogue(settings, metrics, data_folder(settings.data))
+        app.state.catalogue = served
+        metrics.track_collections(served.items, served.damaged)
+        await served.start()
+        metrics.ready.set(1)
+        logger.info("serving the collections of %s", settings.data)
+        try:
             yield
         finally:
-            loaded.ready = False
             metrics.ready.set(0)
-            for task in upkeep:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await loaded.batcher.stop()
-            await asyncio.to_thread(final_save, loaded)
-            loaded.close()
+            await served.stop()
 
     return build_app(settings, metrics, lifespan)
 
@@ -97,7 +118,9 @@ def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -
             try:
                 yield
             finally:  # before the index closes: a job reads it to its last call
-                await app.state.service.duplicate_jobs.stop()
+                service = getattr(app.state, "service", None)
+                if service is not None:
+                    await service.duplicate_jobs.stop()
 
     app = FastAPI(
         title="vitrieval",
@@ -110,11 +133,16 @@ def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.keys = KeyRing.read(settings.keys_file) if settings.keys_file else None
     install_error_handlers(app)
     finish_openapi(app)
     # duplicates before items: /v1/items/{key}/duplicates is not the item `{key}/duplicates`
-    routers = (search, recommend, duplicates, items, scroll, evaluate, health, web, docs)
+    routers = (search, recommend, duplicates, items, scroll, evaluate, health)
     for router in (module.router for module in routers):
+        app.include_router(router)
+    for router in (module.router for module in routers):
+        app.include_router(in_collection(router))
+    for router in (collections.router, snapshots.router, aliases.router, web.router, docs.router):
         app.include_router(router)
     # outermost last: metrics see every response, 413s and timeouts included
     app.add_middleware(

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 _SETTINGS_FLAGS = (
     "model",
     "index",
+    "data",
+    "default_collection",
+    "keys_file",
+    "collection_idle_s",
     "host",
     "port",
     "workers",
@@ -36,6 +40,32 @@ _SETTINGS_FLAGS = (
 )
 
 
+_DATA_OPTIONS = (
+    (
+        "--data",
+        "data",
+        "DIR",
+        "instead of --model and --index: serve every collection of this data folder "
+        "(DIR/models, DIR/collections, DIR/aliases.json; docs/collections.md)",
+    ),
+    (
+        "--default",
+        "default_collection",
+        "NAME",
+        "with --data: the collection or alias the /v1/... routes address (default: the "
+        "alias 'default')",
+    ),
+    ("--keys", "keys_file", "FILE", "keys per collection (a JSON file)"),
+    (
+        "--collection-idle-s",
+        "collection_idle_s",
+        "S",
+        "with --data: close a collection unused this long (default 600 s)",
+    ),
+)
+"""(flag, Settings field, metavar, help) of the data folder server's options."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vitrieval-serve",
@@ -44,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", help="exported model (.onnx)")
     parser.add_argument("--index", help="index directory built with that model")
+    for flag, dest, metavar, text in _DATA_OPTIONS:
+        kind = float if metavar == "S" else str  # seconds are a number
+        parser.add_argument(flag, dest=dest, metavar=metavar, type=kind, help=text)
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 8000)")
     parser.add_argument("--workers", type=int, help="server processes (read-only only)")
@@ -152,7 +185,17 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"vitrieval-serve: {message}", file=sys.stderr)
         return 2
     if args.ray is not None:
+        if settings.data is not None:
+            print("vitrieval-serve: --data is not served on Ray: serve a data folder "
+                  "without --ray, or one --model and --index with it", file=sys.stderr)  # fmt: skip
+            return 2
         return _serve_on_ray(args, settings)
+    problem = _keys_problem(settings)
+    if problem:
+        print(f"vitrieval-serve: {problem}", file=sys.stderr)
+        return 2
+    if settings.data is not None:
+        return _serve_data(args, settings)
     try:
         listener = _listen(settings.host, settings.port)
     except OSError as exc:
@@ -199,6 +242,56 @@ def _main(argv: Sequence[str] | None) -> int:
 
     config = uvicorn.Config(
         create_app(settings, state), log_level=args.log_level, timeout_graceful_shutdown=10
+    )
+    uvicorn.Server(config).run(sockets=[listener])
+    return 0
+
+
+def _keys_problem(settings: Settings) -> str | None:
+    """Why the keys file cannot be used (None: it can, or there is none)."""
+    from .keys import KeyRing, KeysFileError
+
+    if settings.keys_file is None:
+        return None
+    try:
+        KeyRing.read(settings.keys_file)
+    except KeysFileError as exc:
+        return str(exc)
+    return None
+
+
+def _serve_data(args: argparse.Namespace, settings: Settings) -> int:
+    """`--data DIR`: every collection of a data folder (service/catalogue.py)."""
+    from .app import create_data_app
+    from .catalogue import Catalogue, data_folder
+    from .metrics import ServiceMetrics
+    from .state import StartupError
+
+    assert settings.data is not None
+    try:
+        folder = data_folder(settings.data)
+        listener = _listen(settings.host, settings.port)
+    except (StartupError, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        print(f"vitrieval-serve: {reason}", file=sys.stderr)
+        return 2
+    if settings.workers > 1:
+        listener.close()
+        print("vitrieval-serve: --data serves with one worker (--workers 1)", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    catalogue = Catalogue(settings, ServiceMetrics(), folder)
+    print(
+        f"vitrieval-serve: {len(folder.names())} collections in {settings.data}; web page "
+        f"http://{_url_host(settings.host)}:{settings.port}/ , API docs /docs",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(
+        create_data_app(settings, catalogue),
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
     )
     uvicorn.Server(config).run(sockets=[listener])
     return 0

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 
+from vitrieval.index.collections import NAME_PATTERN
+
 from .answers import API_KEY_HEADER
+from .catalogue import DEFAULT_ALIAS, Catalogue
 from .errors import ApiError
+from .keys import KeyRing, Rights
 from .settings import Settings
 from .state import ServiceState
 
@@ -30,14 +36,63 @@ _read_key_header = APIKeyHeader(
 )
 
 
-def get_state(request: Request) -> ServiceState:
-    state: ServiceState | None = getattr(request.app.state, "service", None)
-    if state is None or not state.ready:
-        raise ApiError(503, "not_ready", "the model and index are still loading")
-    return state
+async def get_state(request: Request) -> AsyncIterator[ServiceState]:
+    """The state of the collection the request addresses (`/v1/collections/{collection}/
+    ...`, or the default one), held open until the request ends."""
+    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    if catalogue is None:
+        collection_of(request)  # a 404 for any name but the one collection's
+        state: ServiceState | None = getattr(request.app.state, "service", None)
+        if state is None or not state.ready:
+            raise ApiError(503, "not_ready", "the model and index are still loading")
+        yield state
+        return
+    if not catalogue.ready:
+        raise ApiError(503, "not_ready", "the server is still starting")
+    async with catalogue.using(collection_of(request)) as state:
+        yield state
 
 
 ServiceDep = Annotated[ServiceState, Depends(get_state)]
+
+
+def get_catalogue(request: Request) -> Catalogue:
+    """The data folder's collections; a 400 on a server of one model and index."""
+    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    if catalogue is None:
+        raise ApiError(
+            400,
+            "no_data_folder",
+            "this server serves one index (--model, --index): collections, aliases and "
+            "snapshots need a data folder (vitrieval-serve --data DIR)",
+        )
+    if not catalogue.ready:
+        raise ApiError(503, "not_ready", "the server is still starting")
+    return catalogue
+
+
+CatalogueDep = Annotated[Catalogue, Depends(get_catalogue)]
+
+
+def collection_of(request: Request) -> str:
+    """The collection the request addresses: its path's name (an alias resolved), else
+    the default one; on a server of one index, that index is the collection
+    DEFAULT_ALIAS."""
+    name = request.path_params.get("collection")
+    if name is not None and not NAME_PATTERN.fullmatch(name):
+        # said here: FastAPI reports the path's pattern only once every dependency ran
+        raise ApiError(422, "invalid_request", f"{name!r} is not a collection or alias name")
+    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    if catalogue is not None:
+        return catalogue.resolve(name)
+    if name not in (None, DEFAULT_ALIAS):
+        raise ApiError(
+            404,
+            "unknown_collection",
+            f"no collection or alias named {name!r}: this server serves one index, the "
+            f"collection {DEFAULT_ALIAS!r}",
+        )
+    return DEFAULT_ALIAS
 
 
 def _settings(request: Request) -> Settings:
@@ -51,39 +106,117 @@ def _matches(given: str | None, expected: str) -> bool:
     return secrets.compare_digest(given.encode(), expected.encode())
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, by its key: the admin key (VITRIEVAL_API_KEY: everything),
+    the read key (every collection's reads), a key of the keys file (its `rights`), or
+    none of them."""
+
+    admin: bool
+    reads_all: bool  # the admin or read key, or a server whose reads need no key
+    rights: Rights | None
+
+    @property
+    def known(self) -> bool:
+        return self.admin or self.reads_all or self.rights is not None
+
+    def may_read(self, names: Iterable[str]) -> bool:
+        return self.reads_all or any(self.rights.allows(n) for n in names if self.rights)
+
+    def may_write(self, names: Iterable[str]) -> bool:
+        return self.admin or any(self.rights.allows(n, write=True) for n in names if self.rights)
+
+
+def caller(request: Request, key: str | None) -> Caller:
+    """Who `key` is (every key compared in constant time, no early exit)."""
+    settings = _settings(request)
+    keys: KeyRing | None = getattr(request.app.state, "keys", None)
+    admin = settings.api_key is not None and _matches(key, settings.api_key.get_secret_value())
+    read = settings.read_api_key is not None and _matches(
+        key, settings.read_api_key.get_secret_value()
+    )
+    open_reads = settings.read_api_key is None and keys is None
+    rights = keys.rights(key) if keys is not None else None
+    return Caller(admin, admin or read or open_reads, rights)
+
+
+def _addressed(request: Request) -> list[str]:
+    """The names a request's collection goes by: the one in its path, and the collection
+    it resolves to (a key given an alias follows it to whichever collection it names)."""
+    collection = collection_of(request)
+    name = request.path_params.get("collection")
+    return [collection] if name in (None, collection) else [name, collection]
+
+
+def _unauthorized() -> ApiError:
+    return ApiError(
+        401,
+        "unauthorized",
+        f"a valid API key is required in the {API_KEY_HEADER} header",
+        headers={"WWW-Authenticate": API_KEY_HEADER},
+    )
+
+
+def forbidden(what: str) -> ApiError:
+    """403: the key is known, but may not do `what`."""
+    return ApiError(403, "forbidden", f"this API key may not {what}")
+
+
+def _refuse_read_only(request: Request) -> None:
+    if _settings(request).read_only:
+        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
+
+
+def _require(request: Request, key: str | None, *, write: bool) -> None:
+    """The key may read (or `write`) the collection the request addresses."""
+    if write:
+        _refuse_read_only(request)
+    who = caller(request, key)
+    if who.admin or (who.reads_all and not write):
+        return
+    if who.rights is None:
+        raise _unauthorized()
+    names = _addressed(request)
+    if not (who.may_write(names) if write else who.may_read(names)):
+        raise forbidden(f"{'change' if write else 'read'} collection {names[0]!r}")
+
+
 def require_write_key(
     request: Request, key: Annotated[str | None, Security(_key_header)] = None
 ) -> None:
-    settings = _settings(request)
-    if settings.read_only:
-        raise ApiError(403, "read_only", "this server is read-only (started with --read-only)")
-    assert settings.api_key is not None  # Settings refuses mutations without a key
-    if not _matches(key, settings.api_key.get_secret_value()):
-        raise ApiError(
-            401,
-            "unauthorized",
-            f"a valid API key is required in the {API_KEY_HEADER} header",
-            headers={"WWW-Authenticate": API_KEY_HEADER},
-        )
+    _require(request, key, write=True)
 
 
 def require_read_key(
     request: Request, key: Annotated[str | None, Security(_read_key_header)] = None
 ) -> None:
-    settings = _settings(request)
-    if settings.read_api_key is None:
-        return
-    accepted = [settings.read_api_key] + ([settings.api_key] if settings.api_key else [])
-    # compare against every accepted key (no early exit) to keep the timing flat
-    results = [_matches(key, expected.get_secret_value()) for expected in accepted]
-    if not any(results):
-        raise ApiError(
-            401,
-            "unauthorized",
-            f"a valid API key is required in the {API_KEY_HEADER} header",
-            headers={"WWW-Authenticate": API_KEY_HEADER},
-        )
+    _require(request, key, write=False)
+
+
+def require_admin_key(
+    request: Request, key: Annotated[str | None, Security(_key_header)] = None
+) -> None:
+    """The admin key alone: creating and deleting collections and aliases."""
+    _refuse_read_only(request)
+    who = caller(request, key)
+    if not who.admin:
+        if who.rights is not None:
+            raise forbidden("create or delete collections and aliases (the admin key may)")
+        raise _unauthorized()
+
+
+def reader(
+    request: Request, key: Annotated[str | None, Security(_read_key_header)] = None
+) -> Caller:
+    """The caller of a route that lists what a key may read (any known key, or none
+    where reads need none)."""
+    who = caller(request, key)
+    if not who.known:
+        raise _unauthorized()
+    return who
 
 
 WriteAccess = Depends(require_write_key)
 ReadAccess = Depends(require_read_key)
+AdminAccess = Depends(require_admin_key)
+ReaderDep = Annotated[Caller, Depends(reader)]

@@ -106,6 +106,11 @@ class DuplicateJobs:
     def get(self, job: str) -> DuplicateJob | None:
         return self._jobs.get(job)
 
+    @property
+    def running(self) -> bool:
+        """Whether a job is running (its index must stay open)."""
+        return any(job.status == "running" for job in self._jobs.values())
+
     def start(self, index: Index, threshold: float, filter: Any, keep: str) -> DuplicateJob:
         """Start a job (a 409 `job_running` while another runs)."""
         running = [j.job for j in self._jobs.values() if j.status == "running"]

@@ -173,6 +173,16 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody} for status in statuses}
 
 
+def binary_responses(
+    media_type: str, description: str, *statuses: int
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` of a route answering bytes of `media_type` (200, described
+    as `description`) or an error of `statuses`."""
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    answer = {"description": description, "content": {media_type: binary}}
+    return {200: answer, **error_responses(*statuses)}
+
+
 def document_error_body(document: dict[str, Any]) -> None:
     """Make the OpenAPI `document` tell the truth about validation errors, in place:
     FastAPI documents every 422 as its own HTTPValidationError, but

@@ -82,16 +82,20 @@ class RequestBody(Generic[M]):
         return openapi_body(self)
 
     def post(
-        self, router: APIRouter, path: str, errors: Any, status_code: int = 200
+        self, router: APIRouter, path: str, errors: Any, status_code: int = 200, **options: Any
     ) -> Callable[[F], F]:
         """`router.post(path)` for a route that reads this body, documented from the route
         itself: its name is the operation id, its docstring's first line the summary;
-        `errors` the documented error statuses (`errors.error_responses(...)`)."""
+        `errors` the documented error statuses (`errors.error_responses(...)`);
+        `options` more of `router.api_route`'s (`methods=["PUT"]`, `dependencies`)."""
+
+        options = {"methods": ["POST"], **options}
 
         def declare(route: F) -> F:
             summary = (route.__doc__ or "").strip().splitlines()[0].rstrip(".")
-            return router.post(
+            return router.api_route(
                 path,
+                **options,
                 operation_id=route.__name__,
                 summary=summary,
                 status_code=status_code,

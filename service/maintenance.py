@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import faiss
@@ -159,3 +160,25 @@ def final_save(state: ServiceState) -> None:
         logger.error("final save gave up; the journal keeps the mutations for next start: %s", exc)
     except Exception:
         logger.exception("final save failed; the journal keeps the mutations for next start")
+
+
+@contextlib.asynccontextmanager
+async def upkeep(state: ServiceState) -> AsyncIterator[None]:
+    """The upkeep of one served index (module docstring) while the block runs; after
+    it, stop its duplicate jobs and upkeep, save what the journal holds, close it."""
+    tasks = [
+        asyncio.create_task(checkpoint_loop(state), name="vitrieval-checkpoint"),
+        asyncio.create_task(scrub_loop(state), name="vitrieval-scrub"),
+    ]
+    if state.follower is not None:  # read-only: answer from each new commit
+        tasks.append(asyncio.create_task(state.follower.follow(), name="vitrieval-follow"))
+    try:
+        yield
+    finally:
+        await state.duplicate_jobs.stop()  # before the index closes: a job reads it
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.to_thread(final_save, state)
+        state.close()

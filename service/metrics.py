@@ -3,7 +3,7 @@ process, as in the tests, do not collide)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -13,6 +13,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # seconds; from a sub-millisecond vector search to a slow upload
 _LATENCY_BUCKETS = (
@@ -126,5 +128,48 @@ class ServiceMetrics:
         self.journal_pending.set_function(pending)
         self.damaged_segments.set_function(damaged)
 
+    def track_collections(
+        self, items: Callable[[], dict[str, int]], damaged: Callable[[], dict[str, int]]
+    ) -> None:
+        """A data folder server's series labelled by collection, read at scrape time:
+        `items` of the open collections, `damaged` segments of the damaged ones (-1: the
+        collection cannot be opened)."""
+        self.registry.register(_CollectionSeries(items, damaged))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CollectionSeries(Collector):
+    """vitrieval_collection_items and vitrieval_collection_damaged_segments, labelled
+    by collection (see `ServiceMetrics.track_collections`)."""
+
+    def __init__(
+        self, items: Callable[[], dict[str, int]], damaged: Callable[[], dict[str, int]]
+    ) -> None:
+        self.items, self.damaged = items, damaged
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [_collection_gauge(name, text) for name, text in _COLLECTION_SERIES]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for (name, text), values in zip(
+            _COLLECTION_SERIES, (self.items(), self.damaged()), strict=True
+        ):
+            gauge = _collection_gauge(name, text)
+            for collection, value in sorted(values.items()):
+                gauge.add_metric([collection], value)
+            yield gauge
+
+
+_COLLECTION_SERIES = (
+    ("vitrieval_collection_items", "live items of each open collection"),
+    (
+        "vitrieval_collection_damaged_segments",
+        "damaged segments of each damaged collection (-1: it cannot be opened)",
+    ),
+)
+
+
+def _collection_gauge(name: str, text: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, labels=["collection"])

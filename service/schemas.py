@@ -9,9 +9,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vitrieval.index.collections import DEFAULT_FACTORY, NAME_PATTERN, SNAPSHOT_ID
 from vitrieval.index.duplicates import DEFAULT_KEEP, KEEP_RULES, check_keep_rule
 from vitrieval.index.fusion import DEFAULT_FUSION, Fusion
 from vitrieval.index.grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
+from vitrieval.index.promotion import DEFAULT_METRIC
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from vitrieval.index.recommend import DEFAULT_STRATEGY, MAX_EXAMPLES, STRATEGIES
 from vitrieval.index.rerank import DEFAULT_AQE_ALPHA, DEFAULT_AQE_NEIGHBOURS, SEARCH_METHODS
@@ -419,3 +421,68 @@ def _depth(value: Any, level: int = 1) -> int:
     if isinstance(value, list):
         return max((_depth(v, level + 1) for v in value), default=level)
     return level - 1
+
+
+MAX_FILE_NAME = 255
+MAX_FACTORY_LENGTH = 200
+MAX_FILTER_FIELDS = 64
+MAX_METRIC_NAME = 64
+CollectionName = Annotated[
+    str, Field(pattern=f"^{NAME_PATTERN.pattern}$", description="a collection or alias name")
+]
+
+
+class CollectionCreate(Strict):
+    """A new collection: empty, embedded by a model file under the data folder's
+    models/ (`model`), or holding a snapshot's items (`snapshot`, its id)."""
+
+    model: str | None = Field(
+        None, max_length=MAX_FILE_NAME, description="a model file under the data folder's models/"
+    )
+    snapshot: str | None = Field(
+        None,
+        pattern=f"^{SNAPSHOT_ID.pattern}$",
+        description="a snapshot id (POST .../snapshots) to restore",
+    )
+    factory: str = Field(
+        DEFAULT_FACTORY,
+        max_length=MAX_FACTORY_LENGTH,
+        description="with model: the FAISS index_factory string",
+    )
+    filter_fields: Annotated[
+        list[Annotated[str, Field(max_length=MAX_FILTER_KEY_LENGTH)]] | None, JsonText
+    ] = Field(None, max_length=64, description="with model: the metadata fields filters may use")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CollectionCreate:
+        if (self.model is None) == (self.snapshot is None):
+            raise ValueError("give exactly one of: model, snapshot")
+        if self.snapshot is not None and (
+            self.factory != DEFAULT_FACTORY or self.filter_fields is not None
+        ):
+            raise ValueError("factory and filter_fields are the snapshot's own: give them "
+                             "with model only")  # fmt: skip
+        return self
+
+
+class AliasSet(Strict):
+    """Point an alias at a collection."""
+
+    collection: CollectionName
+
+
+class PromoteRequest(Strict):
+    """Evaluate an alias's collection and a candidate with one evaluation request;
+    switch the alias when the candidate's `metric` is at least the current one's plus
+    `min_gain`."""
+
+    collection: CollectionName = Field(description="the candidate collection")
+    evaluation: Annotated[EvaluateRequest, JsonText] = Field(
+        default_factory=EvaluateRequest, description="the same body as POST /v1/evaluate"
+    )
+    metric: str = Field(
+        DEFAULT_METRIC,
+        max_length=MAX_METRIC_NAME,
+        description="a key of the evaluation: map, recall@1, ...",
+    )
+    min_gain: float = Field(0.0, allow_inf_nan=False, ge=-1, le=1)

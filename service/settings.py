@@ -50,6 +50,22 @@ class Settings(BaseSettings):
 
     model: Path | None = Field(None, description="exported model (.onnx)")
     index: Path | None = Field(None, description="index directory built with that model")
+    data: Path | None = Field(
+        None,
+        description="a data folder: serve every collection under it (docs/collections.md) "
+        "instead of one --model and --index",
+    )
+    default_collection: str | None = Field(
+        None,
+        description="with --data: the collection (or alias) today's /v1/... routes address "
+        "(default: the alias 'default')",
+    )
+    keys_file: Path | None = Field(
+        None, description="keys per collection, JSON (docs/collections.md, 'Keys')"
+    )
+    collection_idle_s: float = Field(
+        600.0, gt=0, description="with --data: a collection unused this long is closed"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     workers: int = Field(1, ge=1, description="server processes (read-only service only)")
@@ -162,7 +178,7 @@ class Settings(BaseSettings):
             raise ValueError(f"VITRIEVAL_{str(info.field_name).upper()} {problem}")
         return key
 
-    @field_validator("model", "index")
+    @field_validator("model", "index", "data", "keys_file")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         # absolute from the start: the messages that name the index's files are then
@@ -176,6 +192,17 @@ class Settings(BaseSettings):
                 "max_body_memory_bytes must be at least max_body_bytes, or no request of "
                 "the largest size could ever be accepted"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> Settings:
+        if self.data is not None and (self.model is not None or self.index is not None):
+            raise ValueError(
+                "serve either a data folder (--data) or one model and index (--model, "
+                "--index), not both"
+            )
+        if self.default_collection is not None and self.data is None:
+            raise ValueError("--default names a collection of a data folder: give --data too")
         return self
 
     @model_validator(mode="after")

@@ -60,6 +60,56 @@ class Timings:
 
 
 @dataclass
+class ServedModel:
+    """A loaded model, its batcher and its self-check: one per model fingerprint, shared
+    by every collection that model embeds."""
+
+    embedder: Embedder
+    batcher: DynamicBatcher
+    self_check: dict[str, Any]
+    cpu_only: dict[str, str]
+    """Why each library runs on the CPU, for one log line once serving (log_cpu_only):
+    a start-up that fails ends with its one error line alone."""
+
+    @classmethod
+    def load(cls, settings: Settings, model: Path, metrics: ServiceMetrics) -> ServedModel:
+        """Load `model` and run the self-check; StartupError on failure."""
+        from vitrieval.index.runtime.images import ImageDecodeError
+
+        try:
+            on_gpu = select_providers(settings.device, log=False)[0][0] != CPU
+        except ValueError:  # an unknown device: the Embedder below says so
+            on_gpu = False
+        # claimed now: the embedder and every segment stay silent
+        cpu_only = _claim_cpu_only(on_gpu, settings.device)
+        layout = model_layout(settings, on_gpu)
+        try:
+            embedder = Embedder(
+                model,
+                device=settings.device,
+                batch_size=settings.max_batch_size,
+                intra_op_threads=layout.intra_op_threads,
+                max_pixels=settings.max_pixels,
+                spin_wait=settings.ort_spin_wait,
+            )
+        except Exception as exc:  # ModelMetadataError, OSError, and ONNX Runtime's own types
+            raise StartupError(f"cannot load model {model}: {exc}") from None
+        try:
+            checked = self_check(embedder, embedder.dim)
+        except (ImageDecodeError, ValueError, RuntimeError) as exc:
+            raise StartupError(f"self-check failed: {exc}") from None
+        batcher = DynamicBatcher(
+            embedder.embed_arrays,
+            enabled=layout.batching,
+            max_batch=settings.max_batch_size,
+            max_wait_s=settings.max_batch_wait_ms / 1000,
+            on_batch=metrics.batch_size.observe,
+            unbatched_threads=layout.concurrent_calls,
+        )
+        return cls(embedder, batcher, checked, cpu_only)
+
+
+@dataclass
 class ServiceState:
     """The model and index loaded in this process. The routes reach the index through
     `index` (index.contract.Index) and embed through `embed_bytes` / `embed_upload`; the
@@ -81,6 +131,7 @@ class ServiceState:
     follower: CommitFollower | None = None
     checkpoints: CheckpointStatus = field(default_factory=CheckpointStatus)
     duplicate_jobs: DuplicateJobs = field(default_factory=DuplicateJobs)  # POST /v1/duplicates
+    owns_decode_pool: bool = True
     index: Index = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,78 +144,68 @@ class ServiceState:
     @classmethod
     def load(cls, settings: Settings, metrics: ServiceMetrics | None = None) -> ServiceState:
         """Load the model and the index and run the self-check; StartupError on failure."""
-        from vitrieval.index.runtime.images import ImageDecodeError
-        from vitrieval.index.store import StoreError
-
         if settings.model is None or settings.index is None:
             raise StartupError("both a model (--model) and an index (--index) are needed")
         metrics = metrics or ServiceMetrics()
-        try:
-            on_gpu = select_providers(settings.device, log=False)[0][0] != CPU
-        except ValueError:  # an unknown device: the Embedder below says so
-            on_gpu = False
-        # claimed now (the embedder and every segment stay silent), said once loaded: a
-        # start-up that fails ends with its one error line alone
-        cpu_only = _claim_cpu_only(on_gpu, settings.device)
-        layout = model_layout(settings, on_gpu)
-        try:
-            embedder = Embedder(
-                settings.model,
-                device=settings.device,
-                batch_size=settings.max_batch_size,
-                intra_op_threads=layout.intra_op_threads,
-                max_pixels=settings.max_pixels,
-                spin_wait=settings.ort_spin_wait,
-            )
-        except Exception as exc:  # ModelMetadataError, OSError, and ONNX Runtime's own types
-            raise StartupError(f"cannot load model {settings.model}: {exc}") from None
+        model = ServedModel.load(settings, settings.model, metrics)
+        state = cls.serving(settings, metrics, model, settings.index, *decoding(settings))
+        log_cpu_only(model.cpu_only)
+        metrics.track_index(
+            lambda: len(state.current_store()),
+            lambda: state.current_store().journal_pending,
+            lambda: len(state.current_store().damaged_segments()),
+        )
+        return state
+
+    @classmethod
+    def serving(
+        cls,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        model: ServedModel,
+        index: Path,
+        decode_pool: ThreadPoolExecutor,
+        decode_budget: DecodeBudget,
+        *,
+        owns_decode_pool: bool = True,
+    ) -> ServiceState:
+        """The index in `index` served with the loaded `model` (StartupError when it
+        cannot be: missing, damaged, or of another model); `decode_pool` closes with the
+        state when it `owns_decode_pool` (a data folder's collections share one)."""
+        from vitrieval.index.store import StoreError
+
+        embedder = model.embedder
 
         def opener() -> IndexStore | ShardedStore:
             return open_index(
-                settings.index,
+                index,
                 fingerprint=embedder.fingerprint,
                 dim=embedder.dim,
                 journal=not settings.read_only,
             )
 
         try:
-            follower = CommitFollower(settings.index, opener) if settings.read_only else None
+            follower = CommitFollower(index, opener) if settings.read_only else None
             store = follower.store if follower is not None else opener()
         except (StoreError, OSError) as exc:
-            raise StartupError(f"cannot open index {settings.index}: {exc}") from None
-        batcher = DynamicBatcher(
-            embedder.embed_arrays,
-            enabled=layout.batching,
-            max_batch=settings.max_batch_size,
-            max_wait_s=settings.max_batch_wait_ms / 1000,
-            on_batch=metrics.batch_size.observe,
-            unbatched_threads=layout.concurrent_calls,
-        )
+            raise StartupError(f"cannot open index {index}: {exc}") from None
         state = cls(
             settings=settings,
             embedder=embedder,
             store=store,
             metrics=metrics,
-            batcher=batcher,
-            decode_pool=ThreadPoolExecutor(
-                settings.decode_threads, thread_name_prefix="vitrieval-decode"
-            ),
-            decode_budget=DecodeBudget(
-                settings.decode_memory_bytes, wait_s=min(10.0, settings.request_timeout_s)
-            ),
+            batcher=model.batcher,
+            decode_pool=decode_pool,
+            decode_budget=decode_budget,
             follower=follower,
+            self_check=model.self_check,
+            owns_decode_pool=owns_decode_pool,
         )
-        try:
-            state.self_check = self_check(state.embedder, state.store.dim)
-        except (ImageDecodeError, ValueError, RuntimeError) as exc:
+        if store.dim != embedder.dim:  # a sharded index checks its shards, not itself
             state.close()
-            raise StartupError(f"self-check failed: {exc}") from None
-        log_cpu_only(cpu_only)
-        metrics.track_index(
-            lambda: len(state.current_store()),
-            lambda: state.current_store().journal_pending,
-            lambda: len(state.current_store().damaged_segments()),
-        )
+            raise StartupError(
+                f"self-check failed: the model embeds {embedder.dim}, the index holds {store.dim}"
+            )
         return state
 
     # -- the query pipeline --------------------------------------------------------------
@@ -207,10 +248,18 @@ class ServiceState:
         return check_vector(values, self.store.dim)
 
     def close(self) -> None:
-        self.decode_pool.shutdown(wait=False, cancel_futures=True)
+        if self.owns_decode_pool:
+            self.decode_pool.shutdown(wait=False, cancel_futures=True)
         if self.follower is not None:
             self.follower.close()
         self.store.close()
+
+
+def decoding(settings: Settings) -> tuple[ThreadPoolExecutor, DecodeBudget]:
+    """The threads that decode uploaded images and the memory their decodes may hold."""
+    pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="vitrieval-decode")
+    wait_s = min(10.0, settings.request_timeout_s)
+    return pool, DecodeBudget(settings.decode_memory_bytes, wait_s=wait_s)
 
 
 def keep_upload(index: Path, data: bytes) -> tuple[Path, bool]:

@@ -23,8 +23,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def export_tiny(seed: int, path: Path) -> Path:
-    """Export an untrained `tiny` ViT + GGeM (32 px input, 128-d output) built from `seed`."""
+def export_tiny(seed: int, path: Path, dim: int | None = None) -> Path:
+    """Export an untrained `tiny` ViT + GGeM (32 px input, 128-d output, or `dim`) built
+    from `seed`."""
     import torch
 
     from vitrieval.training.config import FitConfig
@@ -32,7 +33,7 @@ def export_tiny(seed: int, path: Path) -> Path:
     from vitrieval.training.model import build_model
 
     torch.manual_seed(seed)
-    model = build_model("tiny", "ggem")
+    model = build_model("tiny", "ggem", dim)
     export_model(model, model_metadata(model, FitConfig(out="unused")), path)
     return path
 
@@ -48,6 +49,12 @@ def tiny_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_onnx_other(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same architecture as `tiny_onnx`, other weights: another fingerprint."""
     return export_tiny(1, tmp_path_factory.mktemp("models") / "tiny_other.onnx")
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx_64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another model of another embedding size: 64-d."""
+    return export_tiny(2, tmp_path_factory.mktemp("models") / "tiny_64.onnx", dim=64)
 
 
 @pytest.fixture(scope="session")

@@ -24,21 +24,27 @@ def free_port() -> int:
 
 
 class Server:
-    """`vitrieval-serve --model M --index DIR --host 127.0.0.1 --port P [args]`."""
+    """`vitrieval-serve --model M --index DIR --host 127.0.0.1 --port P [args]`, or with
+    `data`, `vitrieval-serve --data DIR ...` (model and index None)."""
 
     def __init__(
-        self, model: Path, index: Path, *args: str, env: dict[str, str] | None = None
+        self,
+        model: Path | None,
+        index: Path | None,
+        *args: str,
+        env: dict[str, str] | None = None,
+        data: Path | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        served = ["--data", str(data)] if data else ["--model", str(model), "--index", str(index)]
+        folder = data if data else index
+        assert folder is not None
         command = [
             sys.executable,
             "-m",
             "vitrieval.service.cli",
-            "--model",
-            str(model),
-            "--index",
-            str(index),
+            *served,
             "--host",
             "127.0.0.1",
             "--port",
@@ -47,7 +53,7 @@ class Server:
             "warning",
             *args,
         ]
-        self.log = open(index.parent / f"server-{self.port}.log", "w")  # noqa: SIM115
+        self.log = open(folder.parent / f"server-{self.port}.log", "w")  # noqa: SIM115
         self.process = subprocess.Popen(
             command,
             cwd=REPO,

@@ -40,6 +40,25 @@ OPERATIONS: dict[tuple[str, str], tuple[str, list[dict[str, list[str]]] | None]]
     ("get", "/metrics"): ("get_metrics", None),
     ("get", "/"): ("get_page", None),
 }
+OPERATIONS |= {  # every /v1/... route again under a collection of its own
+    (method, path.replace("/v1", "/v1/collections/{collection}", 1)): (f"{op}_in_collection", sec)
+    for (method, path), (op, sec) in OPERATIONS.items()
+    if path.startswith("/v1/")
+}
+OPERATIONS |= {
+    ("get", "/v1/collections"): ("list_collections", READ),
+    ("put", "/v1/collections/{collection}"): ("create_collection", WRITE),
+    ("get", "/v1/collections/{collection}"): ("get_collection", READ),
+    ("delete", "/v1/collections/{collection}"): ("delete_collection", WRITE),
+    ("post", "/v1/collections/{collection}/snapshots"): ("create_snapshot", WRITE),
+    ("get", "/v1/collections/{collection}/snapshots"): ("list_snapshots", READ),
+    ("get", "/v1/collections/{collection}/snapshots/{snapshot}"): ("download_snapshot", READ),
+    ("delete", "/v1/collections/{collection}/snapshots/{snapshot}"): ("delete_snapshot", WRITE),
+    ("get", "/v1/aliases"): ("list_aliases", READ),
+    ("put", "/v1/aliases/{alias}"): ("set_alias", WRITE),
+    ("delete", "/v1/aliases/{alias}"): ("delete_alias", WRITE),
+    ("post", "/v1/aliases/{alias}/promote"): ("promote", WRITE),
+}
 """(method, path) -> (operationId, security); the generated client's function names"""
 
 

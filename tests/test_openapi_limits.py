@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from vitrieval.index.collections import NAME_PATTERN, SNAPSHOT_ID
 from vitrieval.index.grouping import MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from vitrieval.index.recommend import MAX_EXAMPLES
@@ -22,6 +23,8 @@ from vitrieval.index.store.filters import MAX_KEY_LENGTH as MAX_FILTER_KEY_LENGT
 from vitrieval.index.store.request import MAX_DEPTH, MAX_OVERSAMPLE, MAX_SCROLL_LIMIT
 from vitrieval.service.app import create_app
 from vitrieval.service.inputs import JSON, MULTIPART, URLENCODED, RequestBody, form_schemas
+from vitrieval.service.routers.aliases import ALIAS_BODY, PROMOTE_BODY
+from vitrieval.service.routers.collections import CREATE_BODY
 from vitrieval.service.routers.duplicates import DUPLICATES_BODY
 from vitrieval.service.routers.evaluate import EVALUATE_BODY
 from vitrieval.service.routers.items import ITEM_BODY, MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
@@ -32,9 +35,13 @@ from vitrieval.service.schemas import (
     KEY_PATTERN,
     MAX_EVALUATE_KS,
     MAX_EVALUATE_QUERIES,
+    MAX_FACTORY_LENGTH,
+    MAX_FILE_NAME,
+    MAX_FILTER_FIELDS,
     MAX_K,
     MAX_METADATA_BYTES,
     MAX_METADATA_DEPTH,
+    MAX_METRIC_NAME,
     MAX_QUERY_IMAGES,
     MAX_VECTOR_LENGTH,
 )
@@ -155,6 +162,34 @@ EXPECTED["/v1/duplicates"] = {
     }
     for content_type in (JSON, MULTIPART, URLENCODED)
 }
+NAME = {"pattern": f"^{NAME_PATTERN.pattern}$"}
+EXPECTED["/v1/collections/{collection}"] = {
+    content_type: {
+        "model": {"maxLength": MAX_FILE_NAME},
+        "snapshot": {"pattern": f"^{SNAPSHOT_ID.pattern}$"},
+        "factory": {"maxLength": MAX_FACTORY_LENGTH},
+        "filter_fields": {"maxItems": MAX_FILTER_FIELDS},
+        "filter_fields[]": {"maxLength": MAX_FILTER_KEY_LENGTH},
+    }
+    for content_type in (JSON, MULTIPART, URLENCODED)
+}
+EXPECTED["/v1/aliases/{alias}"] = {
+    content_type: {"collection": NAME} for content_type in (JSON, MULTIPART, URLENCODED)
+}
+EXPECTED["/v1/aliases/{alias}/promote"] = {
+    content_type: {
+        "collection": NAME,
+        **{f"evaluation.{field}": limit for field, limit in EXPECTED["/v1/evaluate"][JSON].items()},
+        "metric": {"maxLength": MAX_METRIC_NAME},
+        "min_gain": SCORE,
+    }
+    for content_type in (JSON, MULTIPART, URLENCODED)
+}
+COLLECTION_ROUTES = [path for path in EXPECTED if path.startswith("/v1/") and path.count("/") == 2]
+EXPECTED |= {  # every body route again under a collection of its own, the same body
+    path.replace("/v1", "/v1/collections/{collection}", 1): EXPECTED[path]
+    for path in COLLECTION_ROUTES
+}
 """route -> content type -> field (dotted; `[]` an array's items) -> keyword -> value"""
 
 
@@ -166,7 +201,12 @@ BODIES: dict[str, RequestBody[Any]] = {
     "/v1/scroll": SCROLL_BODY,
     "/v1/recommend": RECOMMEND_BODY,
     "/v1/duplicates": DUPLICATES_BODY,
+    "/v1/collections/{collection}": CREATE_BODY,
+    "/v1/aliases/{alias}": ALIAS_BODY,
+    "/v1/aliases/{alias}/promote": PROMOTE_BODY,
 }
+BODIES |= {path.replace("/v1", "/v1/collections/{collection}", 1): BODIES[path]
+           for path in COLLECTION_ROUTES}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

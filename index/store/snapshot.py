@@ -246,6 +246,20 @@ def _extract(source: IO[bytes], staging: Path) -> SnapshotInfo:
     return info
 
 
+def read_snapshot_info(source: IO[bytes]) -> SnapshotInfo:
+    """What the snapshot stream `source` holds, from its first member (snapshot.json)
+    alone: the rest is not read or checked (`restore_snapshot` checks it)."""
+    try:
+        with tarfile.open(fileobj=source, mode="r|") as tar:
+            member = tar.next()
+            data = tar.extractfile(member) if member is not None and member.isfile() else None
+            if member is None or data is None:
+                raise StoreError("not a vitrieval snapshot: the stream is empty")
+            return _read_info(member.name, data.read())
+    except (tarfile.TarError, EOFError) as exc:
+        raise StoreError(f"not a snapshot (a tar stream): {exc}") from None
+
+
 def _read_info(name: str, data: bytes) -> SnapshotInfo:
     try:
         raw = json.loads(data) if name == SNAPSHOT_FILE else None

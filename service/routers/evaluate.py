@@ -42,7 +42,12 @@ EVALUATE_BODY = RequestBody(EvaluateRequest, image_field=None)
 )
 async def evaluate(request: Request, state: ServiceDep) -> EvaluateResponse:
     body, _ = await EVALUATE_BODY.read(request)
-    # exact ranking is O(n^2) CPU: one evaluation at a time, others are told to wait
+    return await evaluate_state(state, body)
+
+
+async def evaluate_state(state: ServiceState, body: EvaluateRequest) -> EvaluateResponse:
+    """`body`'s evaluation of the served index, one at a time per index (a 429 while
+    another runs: exact ranking is O(n^2) CPU)."""
     if state.evaluating.locked():
         raise ApiError(
             429,

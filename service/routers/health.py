@@ -12,6 +12,7 @@ from vitrieval.index.store import damage_code
 
 from .. import __version__
 from ..answers import InfoResponse, Status
+from ..catalogue import Catalogue
 from ..deps import ReadAccess, ServiceDep
 from ..errors import error_responses
 from ..metrics import CONTENT_TYPE
@@ -37,7 +38,11 @@ async def healthz() -> Status:
 async def readyz(request: Request) -> Any:
     """200 "ready"; 200 "degraded" (still serving, an operator should look: `reasons`
     says why); 503 "loading" or "failing". Status and reason codes only: the details,
-    which name files, are in the log."""
+    which name files, are in the log. A data folder server is ready once started, also
+    with no collections; a damaged collection makes it "degraded" (the others serve)."""
+    catalogue = getattr(request.app.state, "catalogue", None)
+    if catalogue is not None:
+        return _catalogue_ready(catalogue)
     state = getattr(request.app.state, "service", None)
     if state is None or not state.ready:
         return JSONResponse({"status": "loading", "checks": {}}, status_code=503)
@@ -69,6 +74,17 @@ async def readyz(request: Request) -> Any:
             "last_success": checkpoints.last_success,
         }
         checks["reasons"] = [CHECKPOINT_STALLED]
+        return Status(status="degraded", checks=checks)
+    return Status(status="ready", checks=checks)
+
+
+def _catalogue_ready(catalogue: Catalogue) -> Any:
+    if not catalogue.ready:
+        return JSONResponse({"status": "loading", "checks": {}}, status_code=503)
+    damaged = sorted(catalogue.damaged())
+    checks: dict[str, Any] = {"collections_open": len(catalogue.items())}
+    if damaged:
+        checks |= {"damaged_collections": damaged, "reasons": ["damaged_collections"]}
         return Status(status="degraded", checks=checks)
     return Status(status="ready", checks=checks)
 

@@ -29,7 +29,7 @@ from vitrieval.index.store import KeyExistsError, StoreError
 from ..answers import ItemDeleted, ItemOut, ItemWritten
 from ..deps import ReadAccess, ServiceDep, WriteAccess
 from ..duplicates import chosen_threshold
-from ..errors import ApiError, error_responses, storage_error, store_error
+from ..errors import ApiError, binary_responses, error_responses, storage_error, store_error
 from ..inputs import RequestBody
 from ..schemas import ItemCreate
 from ..state import ServiceState, Timings
@@ -122,13 +122,7 @@ async def _refuse_duplicate(state: ServiceState, item: ItemCreate, vector: np.nd
     summary="A JPEG thumbnail of the item's image",
     dependencies=[ReadAccess],
     response_class=Response,
-    responses={
-        200: {
-            "description": "the thumbnail, a JPEG",
-            "content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
-        },
-        **error_responses(401, 404),
-    },
+    responses=binary_responses("image/jpeg", "the thumbnail, a JPEG", 401, 404),
 )
 async def thumbnail(
     key: KeyPath,

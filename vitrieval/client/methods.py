@@ -8,17 +8,18 @@ clients differ only in how they send (vitrieval.client.sync, vitrieval.client.ai
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Coroutine
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 
 import httpx
 
 from vitrieval._version import __version__
 from vitrieval.service.answers import API_KEY_HEADER
 
-from . import calls
+from . import calls, collection_calls
 from .calls import Call
 from .exchange import RetryPolicy
 
@@ -44,9 +45,11 @@ class ClientBase:
         timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT_S,
         retries: int = 2,
         transport: Any = None,
+        collection: str | None = None,
     ) -> None:
         self.api_key = api_key
         self.read_key = read_key
+        self.collection = collection
         self.retry = RetryPolicy(retries=retries)
         self._connect(self.http_options(base_url, timeout), transport)
 
@@ -70,11 +73,28 @@ class ClientBase:
         key = self.api_key if call.write else (self.read_key or self.api_key)
         return {
             "method": call.method,
-            "url": call.path,
+            "url": self.addressed(call.path),
             "params": call.params,
             "json": call.json,
             "headers": {API_KEY_HEADER: key} if key else None,
         }
+
+    def addressed(self, path: str) -> str:
+        """`path` in the client's collection: /v1/search is
+        /v1/collections/{collection}/search (the collection and alias routes, which
+        name their collections, and the probes stay as they are)."""
+        if self.collection is None or not path.startswith("/v1/"):
+            return path
+        if path.startswith((collection_calls.COLLECTIONS, collection_calls.ALIASES)):
+            return path
+        return f"{collection_calls.COLLECTIONS}/{self.collection}{path.removeprefix('/v1')}"
+
+    def in_collection(self, collection: str | None) -> Self:
+        """This client addressing `collection` (a name or an alias; None: the server's
+        default): a copy sharing its connections, closed with it."""
+        other = copy.copy(self)
+        other.collection = collection
+        return other
 
 
 class SyncClientBase(ClientBase):
@@ -162,3 +182,15 @@ class Methods:
     evaluate = method(calls.evaluate)  # /v1/evaluate
     info, health, readiness = method(calls.info), method(calls.health), method(calls.readiness)
     metrics, check_version = method(calls.metrics), method(calls.check_version)
+    # a data folder server's collections, aliases and snapshots (collection_calls)
+    collections = method(collection_calls.collections)  # GET /v1/collections
+    get_collection = method(collection_calls.get_collection)  # GET /v1/collections/{name}
+    create_collection = method(collection_calls.create_collection)  # PUT the same
+    delete_collection = method(collection_calls.delete_collection)  # DELETE the same
+    aliases, set_alias = method(collection_calls.aliases), method(collection_calls.set_alias)
+    delete_alias = method(collection_calls.delete_alias)  # DELETE /v1/aliases/{alias}
+    promote = method(collection_calls.promote)  # POST /v1/aliases/{alias}/promote
+    create_snapshot = method(collection_calls.create_snapshot)  # POST .../snapshots
+    snapshots = method(collection_calls.snapshots)  # GET .../snapshots
+    download_snapshot = method(collection_calls.download_snapshot)  # GET .../{snapshot}
+    delete_snapshot = method(collection_calls.delete_snapshot)  # DELETE .../{snapshot}

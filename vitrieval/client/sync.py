@@ -23,6 +23,9 @@ class Client(SyncClientBase, Methods):
     `timeout`: seconds per attempt (a float or an `httpx.Timeout`). `retries`: extra
     attempts of an idempotent call after a connection failure, 429, 502, 503 or 504.
     `transport`: an `httpx.BaseTransport` to send through (tests, proxies).
+    `collection`: on a data folder server, the collection (or alias) the item, search
+    and evaluate calls address (None: the server's default; `in_collection` makes a
+    copy for another).
     Close it (`close()`, or use it as a context manager) to free its connections.
     """
 

@@ -1,0 +1,156 @@
+"""The collections of a data folder as one app serves them (service/catalogue.py), in
+process: opened on use and closed when idle, one model shared by its collections, a
+damaged collection reported by name while the others serve, the default collection,
+and a server of one index seen as the collection `default`."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from app_client import AUTH, KEY, make_client  # tests/app_client.py
+from fastapi.testclient import TestClient
+
+from vitrieval.index.collections import MODELS_DIR, DataFolder
+from vitrieval.index.store import IndexStore
+from vitrieval.service.app import create_data_app
+from vitrieval.service.settings import Settings
+
+
+@pytest.fixture
+def folder(tmp_path: Path, tiny_onnx: Path) -> DataFolder:
+    """Collections a and b of one model, 5 items each."""
+    (tmp_path / "data").mkdir()
+    data = DataFolder(tmp_path / "data")
+    shutil.copy(tiny_onnx, data.root / MODELS_DIR / "tiny.onnx")
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        data.create(name, "tiny.onnx")
+        vectors = rng.standard_normal((5, 128)).astype(np.float32)
+        with IndexStore.open(data.path(name)) as store:
+            unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+            store.add([f"{name}{i}" for i in range(5)], unit)
+            store.save()
+    return data
+
+
+def serve(folder: DataFolder, **settings) -> TestClient:
+    return TestClient(create_data_app(Settings(data=folder.root, api_key=KEY, **settings)))
+
+
+def search(client: TestClient, collection: str) -> list[str]:
+    answer = client.post(f"/v1/collections/{collection}/search", json={"vector": [1.0] * 128})
+    assert answer.status_code == 200, answer.text
+    return [hit["key"] for hit in answer.json()["hits"]]
+
+
+def listed(client: TestClient) -> dict[str, dict]:
+    return {c["name"]: c for c in client.get("/v1/collections").json()["collections"]}
+
+
+def test_collections_open_on_use_close_when_idle_and_reopen(folder: DataFolder) -> None:
+    with serve(folder, collection_idle_s=0.3) as client:
+        assert client.get("/readyz").json()["status"] == "ready"
+        assert not any(c["open"] for c in listed(client).values())
+        assert set(search(client, "a")) == {f"a{i}" for i in range(5)}
+        assert set(search(client, "b")) == {f"b{i}" for i in range(5)}
+        opened = listed(client)
+        assert opened["a"]["open"] and opened["b"]["open"]
+        assert opened["a"]["model"] == opened["b"]["model"]  # one model for both
+        added = client.post(
+            "/v1/collections/a/items", json={"key": "new", "vector": [1.0] * 128}, headers=AUTH
+        )
+        assert added.status_code == 201
+        deadline = time.monotonic() + 10
+        while any(c["open"] for c in listed(client).values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        closed = listed(client)
+        assert not any(c["open"] for c in closed.values())
+        assert closed["a"]["count"] == 6  # saved when it closed
+        assert search(client, "a")[0] == "new"  # reopened on use, the add kept
+
+
+def test_a_damaged_collection_is_reported_by_name_and_the_others_serve(
+    folder: DataFolder,
+) -> None:
+    (folder.path("b") / "manifest.json").write_text("{not json")
+    with serve(folder) as client:
+        assert search(client, "a")
+        broken = client.post("/v1/collections/b/search", json={"vector": [1.0] * 128})
+        assert broken.status_code == 503 and broken.json()["code"] == "collection_damaged"
+        assert "manifest" not in broken.text  # the reason is in the log, not the answer
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+        assert ready.json()["checks"]["damaged_collections"] == ["b"]
+        assert listed(client)["b"]["status"] == "damaged"
+        assert listed(client)["a"]["status"] == "ok"
+        metrics = client.get("/metrics").text
+        assert 'vitrieval_collection_damaged_segments{collection="b"} -1.0' in metrics
+        assert 'vitrieval_collection_items{collection="a"} 5.0' in metrics
+        refused = client.post(
+            "/v1/collections/b/items", json={"key": "x", "vector": [1.0] * 128}, headers=AUTH
+        )
+        assert refused.status_code == 503
+
+
+def test_the_plain_routes_address_the_default_collection(folder: DataFolder) -> None:
+    with serve(folder) as client:
+        missing = client.post("/v1/search", json={"vector": [1.0] * 128})
+        assert missing.status_code == 404 and missing.json()["code"] == "no_default_collection"
+        put = client.put("/v1/aliases/default", json={"collection": "b"}, headers=AUTH)
+        assert put.status_code == 200 and put.json()["previous"] is None
+        assert client.get("/v1/info").json()["index"]["count"] == 5
+        assert search(client, "default")[0].startswith("b")
+        refused = client.delete("/v1/collections/b", headers=AUTH)
+        assert refused.status_code == 409  # an alias names it
+        assert client.delete("/v1/aliases/default", headers=AUTH).json()["collection"] == "b"
+        assert client.delete("/v1/collections/b", headers=AUTH).status_code == 200
+        assert set(listed(client)) == {"a"}
+        assert client.post("/v1/collections/b/search", json={"k": 1}).status_code == 404
+    with serve(folder, default_collection="a") as client:
+        assert client.get("/v1/info").json()["index"]["count"] == 5
+
+
+def test_bad_names_and_bodies_are_4xx(folder: DataFolder) -> None:
+    with serve(folder) as client:
+        create = client.put
+        assert (
+            create("/v1/collections/Bad", json={"model": "tiny.onnx"}, headers=AUTH).status_code
+            == 422
+        )
+        assert (
+            create("/v1/collections/c", json={"model": "nope.onnx"}, headers=AUTH).status_code
+            == 422
+        )
+        both = {"model": "tiny.onnx", "snapshot": "20260101t000000z-00000000"}
+        assert create("/v1/collections/c", json=both, headers=AUTH).status_code == 422
+        assert create("/v1/collections/c", json={"model": "tiny.onnx"}).status_code == 401
+        unknown = create(
+            "/v1/collections/c", json={"snapshot": "20260101t000000z-00000000"}, headers=AUTH
+        )
+        assert unknown.status_code == 404
+        assert (
+            client.put("/v1/aliases/a", json={"collection": "b"}, headers=AUTH).status_code == 409
+        )
+        assert (
+            client.put("/v1/aliases/x", json={"collection": "zz"}, headers=AUTH).status_code == 404
+        )
+        assert client.get("/v1/collections/%C2%84/info").status_code == 422
+        promote = {"collection": "b", "metric": "ndcg"}
+        assert client.post("/v1/aliases/x/promote", json=promote, headers=AUTH).status_code == 404
+
+
+def test_a_server_of_one_index_is_the_collection_default(
+    digits_gallery: dict[str, Path], served_index: Path
+) -> None:
+    with make_client(digits_gallery["model"], served_index) as client:
+        one = client.post("/v1/collections/default/search", json={"key": "0/00000", "k": 3})
+        plain = client.post("/v1/search", json={"key": "0/00000", "k": 3})
+        assert one.status_code == plain.status_code
+        assert one.json().get("hits") == plain.json().get("hits")
+        assert client.post("/v1/collections/other/search", json={"k": 1}).status_code == 404
+        listing = client.get("/v1/collections")
+        assert listing.status_code == 400 and listing.json()["code"] == "no_data_folder"
