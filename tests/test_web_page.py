@@ -330,3 +330,38 @@ def test_review_duplicates_open_a_group_delete_one_and_the_group_updates(
     )
     assert httpx.get(f"{url}/v1/items/{copies[1]}").status_code == 404
     assert httpx.get(f"{url}/v1/items/{original}").status_code == 200
+
+
+def test_the_collection_picker_searches_the_collection_picked(
+    browser, digits_gallery: dict[str, Path], query: dict[str, str], tmp_path: Path
+) -> None:
+    """On a data folder server the page lists the collections; a search goes to the one
+    picked: the digits gallery (moved in as a collection) finds its own image, an empty
+    collection of the same model finds nothing."""
+    from selenium.webdriver.support.ui import Select
+
+    from vitrieval.index.collections import COLLECTIONS_DIR, MODELS_DIR, DataFolder
+
+    (tmp_path / "data").mkdir()
+    folder = DataFolder(tmp_path / "data")
+    shutil.copytree(digits_gallery["index"], folder.root / COLLECTIONS_DIR / "digits")
+    shutil.copy(digits_gallery["model"], folder.root / MODELS_DIR / "tiny.onnx")
+    folder.create("empty", "tiny.onnx")
+    server = Server(None, None, "--read-only", data=folder.root)
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        browser.get(server.url + "/")
+        _wait(browser, lambda d: d.find_element("id", "collectionbox").is_displayed(), "no picker")
+        picker = Select(browser.find_element("id", "collection"))
+        assert [o.get_attribute("value") for o in picker.options] == ["", "digits", "empty"]
+        picker.select_by_value("digits")
+        _wait(browser, lambda d: "120 images indexed" in d.find_element("id", "about").text, "info")
+        _upload(browser, query["path"])
+        _wait(browser, lambda d: len(_hits(d)) > 0, "no results from the digits collection")
+        assert _hit_keys(browser)[0] == query["key"]
+        picker.select_by_value("empty")
+        _wait(browser, lambda d: "0 images indexed" in d.find_element("id", "about").text, "info")
+        _wait(browser, lambda d: d.find_element("id", "status").text.startswith("0 results"), "")
+        assert _hits(browser) == []
+    finally:
+        server.stop()
