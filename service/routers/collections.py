@@ -43,7 +43,7 @@ NamePath = Annotated[
 ]
 
 
-def collection_param(collection: CollectionPath) -> str:
+async def collection_param(collection: CollectionPath) -> str:
     """The {collection} of a collection route, checked (a 422 for a name no collection
     can have) and documented."""
     return collection
