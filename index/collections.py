@@ -7,6 +7,7 @@ Layout (one place; everything else asks this module)::
     DIR/collections/NAME/         one index directory per collection (its own model copy)
     DIR/aliases.json              {"aliases": {"ALIAS": "NAME", ...}}
     DIR/snapshots/NAME/ID.tar     snapshots of collection NAME (index/collection_snapshots.py)
+    DIR/collections/.building-NAME/  a collection being built (a re-embedding), not served
 
 Names (collections and aliases alike) match NAME_PATTERN and share one namespace: an
 alias may not take a collection's name, nor a collection an alias's. An index folder
@@ -47,6 +48,7 @@ SNAPSHOT_ID = re.compile(r"[0-9]{8}t[0-9]{6}z-[0-9a-f]{8}")
 """Snapshot ids: the UTC time taken and 8 random hex digits (`new_snapshot_id`)."""
 _ALIASES_LOCK = ".aliases.lock"
 _TRASH_PREFIX = ".deleting-"
+_BUILDING_PREFIX = ".building-"
 DEFAULT_FACTORY = "Flat"
 """A new collection's FAISS factory: exact search, trained on nothing (it starts empty)."""
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -132,8 +134,7 @@ class DataFolder:
         model_path = self.model_file(model)
         meta = read_model_metadata(model_path)
         with self._aliases_locked() as aliases:
-            if name in aliases or self.is_collection(name):
-                raise NameTaken(f"{name!r} is already a collection or an alias")
+            self._check_free(name, aliases)
             path = self.root / COLLECTIONS_DIR / name
             store = IndexStore.create(
                 path,
@@ -154,12 +155,31 @@ class DataFolder:
 
         check_name(name)
         with self._aliases_locked() as aliases:
-            if name in aliases or self.is_collection(name):
-                raise NameTaken(f"{name!r} is already a collection or an alias")
+            self._check_free(name, aliases)
             path = self.root / COLLECTIONS_DIR / name
             with snapshot.open("rb") as source:
                 restore_snapshot(source, path)
         return path
+
+    def building(self, name: str) -> Path:
+        """Where collection `name` is built before it is served (`adopt`); NameTaken
+        when the name is a collection or an alias already."""
+        self._check_free(check_name(name), self.aliases())
+        return self.root / COLLECTIONS_DIR / f"{_BUILDING_PREFIX}{name}"
+
+    def _check_free(self, name: str, aliases: dict[str, str]) -> None:
+        if name in aliases or self.is_collection(name):
+            raise NameTaken(f"{name!r} is already a collection or an alias")
+
+    def adopt(self, name: str) -> Path:
+        """Serve the collection built in `building(name)`: renamed into place at once
+        (NameTaken when the name was taken meanwhile)."""
+        with self._aliases_locked() as aliases:
+            self._check_free(name, aliases)
+            folder = self.root / COLLECTIONS_DIR
+            os.rename(folder / f"{_BUILDING_PREFIX}{name}", folder / name)
+            fsync_dir(folder)
+        return folder / name
 
     # -- snapshots -----------------------------------------------------------------------
 

@@ -343,3 +343,23 @@ class SnapshotList(BaseModel):
 class SnapshotDeleted(BaseModel):
     snapshot: str
     deleted: bool
+
+
+class ReembedJobOut(BaseModel):
+    """A re-embedding job: running (`embedded`: images read so far), done (the new
+    collection is served), failed (`error`) or stopped (cancelled, or the server shut
+    down: what was embedded is kept, and the same request goes on from there).
+    `no_image`: items added as vectors, `image_gone`: items whose image file is gone;
+    neither can be carried over."""
+
+    job: str
+    source: str
+    target: str
+    model: str
+    status: Literal["running", "done", "failed", "stopped"]
+    embedded: int
+    no_image: int
+    image_gone: int
+    started: str
+    finished: str | None = None
+    error: str | None = None

@@ -35,6 +35,7 @@ from .routers import (
     health,
     items,
     recommend,
+    reembed,
     scroll,
     search,
     snapshots,
@@ -142,7 +143,8 @@ def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -
         app.include_router(router)
     for router in (module.router for module in routers):
         app.include_router(in_collection(router))
-    for router in (collections.router, snapshots.router, aliases.router, web.router, docs.router):
+    others = (collections, snapshots, reembed, aliases, web, docs)
+    for router in (module.router for module in others):
         app.include_router(router)
     # outermost last: metrics see every response, 413s and timeouts included
     app.add_middleware(

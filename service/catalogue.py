@@ -37,10 +37,11 @@ from vitrieval.index.gpu_notice import log_cpu_only
 from vitrieval.index.store import StoreError
 from vitrieval.index.store import manifest as mf
 
-from .errors import ApiError, store_error
+from .errors import ApiError, collection_error
 from .maintenance import upkeep
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
+from .reembed_jobs import ReembedJobs
 from .settings import Settings
 from .state import ServedModel, ServiceState, StartupError, decoding
 
@@ -78,6 +79,7 @@ class Catalogue:
         self._opening: dict[str, asyncio.Lock] = {}
         self._aliases: tuple[Any, dict[str, str]] = (None, {})
         self._idle: asyncio.Task | None = None
+        self.reembed_jobs = ReembedJobs()  # POST /v1/collections/{name}/reembed
 
     # -- names ---------------------------------------------------------------------------
 
@@ -236,6 +238,7 @@ class Catalogue:
 
     async def stop(self) -> None:
         self.ready = False
+        await self.reembed_jobs.stop()
         if self._idle is not None:
             self._idle.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -318,17 +321,6 @@ async def on_folder(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(call, *args, **kwargs)
     except StoreError as exc:
         raise collection_error(exc) from None
-
-
-def collection_error(exc: StoreError) -> ApiError:
-    """A data folder's refusal as its HTTP answer: 404 unknown, 409 taken, else 422."""
-    from vitrieval.index.collections import NameTaken, UnknownCollection
-
-    if isinstance(exc, UnknownCollection):
-        return store_error(exc, 404, "not_found")
-    if isinstance(exc, NameTaken):
-        return store_error(exc, 409, "conflict")
-    return store_error(exc, 422, "invalid_request")
 
 
 def data_folder(path: Path | str | os.PathLike[str]) -> DataFolder:

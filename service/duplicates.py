@@ -5,7 +5,7 @@ A job runs `vitrieval.index.duplicates.find_duplicates`, the code of `vitrieval-
 duplicates`, in a worker thread. That code calls a store; here the store is the served
 `Index` (any kind: local, sharded, a Ray cluster's), each call handed back to the event
 loop (`BlockingIndex`), so a job reads the index exactly as requests do and never
-holds its locks between calls. One job runs at a time; the last MAX_KEPT_JOBS are kept
+holds its locks between calls. One job runs at a time; the last few are kept (jobs.py)
 in memory with their groups. A job lives as long as the server: a restart forgets it
 (start it again; `vitrieval-index duplicates` is the resumable way), and a shutdown
 stops a running one between batches.
@@ -14,7 +14,6 @@ stops a running one between batches.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import uuid
 from collections.abc import Coroutine
@@ -28,14 +27,11 @@ from vitrieval.index.store import StoreError
 from vitrieval.index.store import manifest as mf
 from vitrieval.index.store.request import Query, Ranked
 
-from .errors import ApiError, store_error
+from .errors import ApiError
+from .jobs import Jobs
 
-logger = logging.getLogger(__name__)
-MAX_KEPT_JOBS = 8
 CALL_TIMEOUT_S = 600.0
 """A job's single index call that takes longer fails the job (a hung shard)."""
-STOP_WAIT_S = 30.0
-"""How long a shutdown waits for a running job to reach the end of its batch."""
 T = TypeVar("T")
 
 
@@ -95,65 +91,36 @@ class DuplicateJob:
     error: str | None = None
 
 
-class DuplicateJobs:
-    """The server's duplicate jobs: one running at a time, the last MAX_KEPT_JOBS kept."""
+class DuplicateJobs(Jobs[DuplicateJob]):
+    """The server's duplicate jobs: one running at a time, the last kept (jobs.py)."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, DuplicateJob] = {}
-        self._tasks: set[asyncio.Task] = set()
+        super().__init__("duplicates")
         self._stop = threading.Event()
-
-    def get(self, job: str) -> DuplicateJob | None:
-        return self._jobs.get(job)
-
-    @property
-    def running(self) -> bool:
-        """Whether a job is running (its index must stay open)."""
-        return any(job.status == "running" for job in self._jobs.values())
 
     def start(self, index: Index, threshold: float, filter: Any, keep: str) -> DuplicateJob:
         """Start a job (a 409 `job_running` while another runs)."""
-        running = [j.job for j in self._jobs.values() if j.status == "running"]
-        if running:
-            raise ApiError(409, "job_running", f"duplicates job {running[0]} is still running")
+        self.check_idle()
         job = DuplicateJob(uuid.uuid4().hex[:16], threshold)
-        self._jobs[job.job] = job
-        for old in list(self._jobs)[:-MAX_KEPT_JOBS]:
-            del self._jobs[old]
         store = BlockingIndex(index, asyncio.get_running_loop())
-        task = asyncio.create_task(asyncio.to_thread(self._run, job, store, filter, keep))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return job
 
-    def _run(self, job: DuplicateJob, store: BlockingIndex, filter: Any, keep: str) -> None:
         def progress(searched: int) -> None:
             job.searched = searched
             if self._stop.is_set():
                 raise _Stopped
 
-        try:
-            groups = find_duplicates(
+        def work() -> str:
+            found = find_duplicates(
                 store, job.threshold, filter=filter, keep=keep, progress=progress
             )
-            job.groups, job.status = [group.as_json() for group in groups], "done"
-        except _Stopped:
-            job.status = "stopped"
-        except Exception as exc:  # a job must end: a failure is its answer, not a hang
-            logger.exception("duplicates job %s failed", job.job)
-            job.status = "failed"
-            job.error = (
-                store_error(exc, 500, "failed").detail  # its public words, never a path
-                if isinstance(exc, StoreError)
-                else f"{type(exc).__name__} (the server's log has the details)"
-            )
-        finally:
-            job.finished = mf.now_iso()
+            job.groups = [group.as_json() for group in found]
+            return "done"
+
+        return self.run(job, work, _Stopped)
 
     async def stop(self) -> None:
         """Stop the running job after its current batch, and wait for it (at most
         STOP_WAIT_S: a job stuck in an index call is left to its call's timeout)."""
         self._stop.set()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=STOP_WAIT_S)
+        await self.wait()
         self._stop = threading.Event()  # a state served again starts jobs afresh

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from vitrieval.index.collections import NameTaken, UnknownCollection
 from vitrieval.index.runtime.images import (
     ImageDecodeError,
     ImageShapeError,
@@ -197,3 +198,20 @@ def document_error_body(document: dict[str, Any]) -> None:
             response = operation.get("responses", {}).get("422")
             if response is not None:
                 response["content"] = {"application/json": {"schema": ref}}
+
+
+def collection_error(exc: StoreError) -> ApiError:
+    """A data folder's refusal as its HTTP answer: 404 unknown, 409 taken, else 422."""
+    if isinstance(exc, UnknownCollection):
+        return store_error(exc, 404, "not_found")
+    if isinstance(exc, NameTaken):
+        return store_error(exc, 409, "conflict")
+    return store_error(exc, 422, "invalid_request")
+
+
+def job_error(exc: Exception) -> str:
+    """What a background job that failed with `exc` answers: a StoreError's public words
+    (never a server path), else the exception's type; the details go to the log."""
+    if isinstance(exc, StoreError):
+        return store_error(exc, 500, "failed").detail
+    return f"{type(exc).__name__} (the server's log has the details)"

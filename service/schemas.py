@@ -486,3 +486,11 @@ class PromoteRequest(Strict):
         description="a key of the evaluation: map, recall@1, ...",
     )
     min_gain: float = Field(0.0, allow_inf_nan=False, ge=-1, le=1)
+
+
+class ReembedRequest(Strict):
+    """Build the new collection `collection` of this collection's items, each embedded
+    again from its image by the model file `model` (under the data folder's models/)."""
+
+    model: str = Field(max_length=MAX_FILE_NAME, description="a model file under models/")
+    collection: CollectionName = Field(description="the new collection's name")

@@ -5,6 +5,7 @@ and a server of one index seen as the collection `default`."""
 
 from __future__ import annotations
 
+import csv
 import shutil
 import time
 from pathlib import Path
@@ -35,6 +36,12 @@ def folder(tmp_path: Path, tiny_onnx: Path) -> DataFolder:
             store.add([f"{name}{i}" for i in range(5)], unit)
             store.save()
     return data
+
+
+def first_key(gallery: dict[str, Path]) -> str:
+    """The first item of the digits gallery's list."""
+    with open(gallery["list"], newline="") as fh:
+        return next(csv.DictReader(fh))["key"]
 
 
 def serve(folder: DataFolder, **settings) -> TestClient:
@@ -146,11 +153,62 @@ def test_bad_names_and_bodies_are_4xx(folder: DataFolder) -> None:
 def test_a_server_of_one_index_is_the_collection_default(
     digits_gallery: dict[str, Path], served_index: Path
 ) -> None:
+    key = first_key(digits_gallery)
     with make_client(digits_gallery["model"], served_index) as client:
-        one = client.post("/v1/collections/default/search", json={"key": "0/00000", "k": 3})
-        plain = client.post("/v1/search", json={"key": "0/00000", "k": 3})
-        assert one.status_code == plain.status_code
-        assert one.json().get("hits") == plain.json().get("hits")
+        one = client.post("/v1/collections/default/search", json={"key": key, "k": 3})
+        plain = client.post("/v1/search", json={"key": key, "k": 3})
+        assert one.status_code == plain.status_code == 200
+        assert one.json()["hits"] == plain.json()["hits"] and len(plain.json()["hits"]) == 3
         assert client.post("/v1/collections/other/search", json={"k": 1}).status_code == 404
         listing = client.get("/v1/collections")
         assert listing.status_code == 400 and listing.json()["code"] == "no_data_folder"
+
+
+def test_a_reembed_job_builds_a_new_collection_and_a_cancelled_one_goes_on(
+    digits_gallery: dict[str, Path], tiny_onnx_other: Path, tmp_path: Path
+) -> None:
+    """The digits gallery (built from image files) moved in as a collection, embedded
+    again by another model over HTTP: a cancelled job keeps nothing served, the same
+    request goes on to the whole collection, which then answers searches."""
+    (tmp_path / "data").mkdir()
+    data = DataFolder(tmp_path / "data")
+    shutil.copytree(digits_gallery["index"], data.root / "collections" / "digits")
+    shutil.copy(tiny_onnx_other, data.root / MODELS_DIR / "other.onnx")
+    body = {"model": "other.onnx", "collection": "digits-v2"}
+
+    def finish(client: TestClient, job: str) -> dict:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            answer = client.get(f"/v1/collections/digits/reembed/{job}", headers=AUTH).json()
+            if answer["status"] != "running":
+                return answer
+            time.sleep(0.05)
+        raise AssertionError("the job did not end")
+
+    with serve(data) as client:
+        assert client.post("/v1/collections/digits/reembed", json=body).status_code == 401
+        started = client.post("/v1/collections/digits/reembed", json=body, headers=AUTH)
+        assert started.status_code == 202, started.text
+        cancelled = client.delete(
+            f"/v1/collections/digits/reembed/{started.json()['job']}", headers=AUTH
+        )
+        assert cancelled.status_code == 200
+        first = finish(client, started.json()["job"])
+        assert first["status"] in ("stopped", "done")
+        if first["status"] == "stopped":
+            assert "digits-v2" not in listed(client)  # nothing served half built
+            again = client.post("/v1/collections/digits/reembed", json=body, headers=AUTH)
+            assert finish(client, again.json()["job"])["status"] == "done"
+        after = listed(client)
+        assert after["digits-v2"]["count"] == after["digits"]["count"] == 120
+        assert after["digits-v2"]["model"] != after["digits"]["model"]
+        taken = client.post("/v1/collections/digits/reembed", json=body, headers=AUTH)
+        assert taken.status_code == 409  # the name is a collection now
+        bad = {"model": "nope.onnx", "collection": "digits-v3"}
+        assert (
+            client.post("/v1/collections/digits/reembed", json=bad, headers=AUTH).status_code == 422
+        )
+        key = first_key(digits_gallery)
+        found = client.post("/v1/collections/digits-v2/search", json={"key": key, "k": 1})
+        assert found.status_code == 200, found.text
+        assert found.json()["hits"][0]["key"] != key  # the item itself left out

@@ -58,6 +58,9 @@ OPERATIONS |= {
     ("put", "/v1/aliases/{alias}"): ("set_alias", WRITE),
     ("delete", "/v1/aliases/{alias}"): ("delete_alias", WRITE),
     ("post", "/v1/aliases/{alias}/promote"): ("promote", WRITE),
+    ("post", "/v1/collections/{collection}/reembed"): ("start_reembed", WRITE),
+    ("get", "/v1/collections/{collection}/reembed/{job}"): ("get_reembed", WRITE),
+    ("delete", "/v1/collections/{collection}/reembed/{job}"): ("cancel_reembed", WRITE),
 }
 """(method, path) -> (operationId, security); the generated client's function names"""
 

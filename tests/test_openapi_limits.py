@@ -29,6 +29,7 @@ from vitrieval.service.routers.duplicates import DUPLICATES_BODY
 from vitrieval.service.routers.evaluate import EVALUATE_BODY
 from vitrieval.service.routers.items import ITEM_BODY, MAX_THUMBNAIL_SIZE, MIN_THUMBNAIL_SIZE
 from vitrieval.service.routers.recommend import RECOMMEND_BODY
+from vitrieval.service.routers.reembed import REEMBED_BODY
 from vitrieval.service.routers.scroll import SCROLL_BODY
 from vitrieval.service.routers.search import EMBED_BODY, SEARCH_BODY
 from vitrieval.service.schemas import (
@@ -185,6 +186,10 @@ EXPECTED["/v1/aliases/{alias}/promote"] = {
     }
     for content_type in (JSON, MULTIPART, URLENCODED)
 }
+EXPECTED["/v1/collections/{collection}/reembed"] = {
+    content_type: {"model": {"maxLength": MAX_FILE_NAME}, "collection": NAME}
+    for content_type in (JSON, MULTIPART, URLENCODED)
+}
 COLLECTION_ROUTES = [path for path in EXPECTED if path.startswith("/v1/") and path.count("/") == 2]
 EXPECTED |= {  # every body route again under a collection of its own, the same body
     path.replace("/v1", "/v1/collections/{collection}", 1): EXPECTED[path]
@@ -204,6 +209,7 @@ BODIES: dict[str, RequestBody[Any]] = {
     "/v1/collections/{collection}": CREATE_BODY,
     "/v1/aliases/{alias}": ALIAS_BODY,
     "/v1/aliases/{alias}/promote": PROMOTE_BODY,
+    "/v1/collections/{collection}/reembed": REEMBED_BODY,
 }
 BODIES |= {path.replace("/v1", "/v1/collections/{collection}", 1): BODIES[path]
            for path in COLLECTION_ROUTES}  # fmt: skip

@@ -69,15 +69,15 @@ def test_snapshot_to_s3_and_restore_from_it(s3: str, tmp_path: Path, capsys) -> 
         live.add([f"b{i}" for i in range(7)], unit_vectors(rng, 7, 16))
         live.remove(["a0"])
     url = f"s3://{BUCKET}/shop/backup.tar"
-    code, out, err = run(capsys, "snapshot", tmp_path / "index", "--out", url)
+    code, _, err = run(capsys, "snapshot", tmp_path / "index", "--out", url)
     assert code == 0, err
     assert objects(s3) == ["shop/backup.tar"]
-    code, out, err = run(capsys, "restore", url, "--out", tmp_path / "restored")
+    code, _, err = run(capsys, "restore", url, "--out", tmp_path / "restored")
     assert code == 0, err
     with IndexStore.open(tmp_path / "index") as a, IndexStore.open(tmp_path / "restored") as b:
         assert sorted(a.keys()) == sorted(b.keys()) and len(b) == 56
         assert np.array_equal(a.get("b3").vector, b.get("b3").vector)
-    code, out, err = run(capsys, "restore", f"s3://{BUCKET}/nothing.tar", "--out", tmp_path / "x")
+    code, _, err = run(capsys, "restore", f"s3://{BUCKET}/nothing.tar", "--out", tmp_path / "x")
     assert code == 2 and "not found" in err and len(err.strip().splitlines()) == 1
 
 

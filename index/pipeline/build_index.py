@@ -119,11 +119,15 @@ def build_index(
     save_every: int = 2048,
     progress: bool = True,
     store: IndexStore | ShardedStore | None = None,
+    on_image: Callable[[int], object] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> BuildReport:
     """Add `items` to the index in `out` (created if missing); returns what happened.
 
     `store`: the index in `out` when the caller has already opened it (with this
-    embedder's model), to avoid loading and verifying it twice.
+    embedder's model), to avoid loading and verifying it twice. `on_image(n)`: n more
+    images read (a caller's own progress). `should_stop()`: asked after each batch;
+    when true, what is embedded is saved and `Stopped` raised, as on Ctrl-C.
     """
     started = time.perf_counter()
     if store is None:
@@ -165,7 +169,7 @@ def build_index(
         # the bar moves as images are read, so it runs up to a batch ahead of the index
         bar = progress_bar(len(todo), "images", "embedding", enabled=progress)
         try:
-            for result in embedder.iter_items(todo, on_image=bar.update):
+            for result in embedder.iter_items(todo, on_image=_both(bar.update, on_image)):
                 good = good_items(result)
                 if good:
                     _add_chunk(store, good, result.embeddings)
@@ -174,7 +178,9 @@ def build_index(
                 if since_save >= save_every:
                     store.save()
                     since_save = 0
-        except KeyboardInterrupt:
+                if should_stop is not None and should_stop():
+                    raise _StopAsked
+        except (KeyboardInterrupt, _StopAsked):
             store.save()  # Ctrl-C: keep every image embedded so far; a re-run skips them
             # what the index holds now, whatever the step the Ctrl-C landed in: the bar's
             # last line and the stop line both say it (the batch being embedded is not)
@@ -189,6 +195,23 @@ def build_index(
     store.save()  # also leaves a valid, empty index when there was nothing to add
     report.finish(out, len(store), started)
     return report
+
+
+class _StopAsked(Exception):
+    """`should_stop()` said so: handled as a Ctrl-C (saved, then `Stopped`)."""
+
+
+def _both(
+    first: Callable[[int], object], second: Callable[[int], object] | None
+) -> Callable[[int], object]:
+    if second is None:
+        return first
+
+    def both(n: int) -> None:
+        first(n)
+        second(n)
+
+    return both
 
 
 def build_from_embeddings(

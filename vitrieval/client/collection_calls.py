@@ -98,6 +98,31 @@ def promote(
     )  # fmt: skip
 
 
+def start_reembed(collection: str, model: str, into: str) -> Call[answers.ReembedJobOut]:
+    """Start building the new collection `into` of `collection`'s items, each embedded
+    again from its image by `model` (a file under the data folder's models/): a job,
+    answered at once; `reembed_job` reads its progress. Needs the admin key."""
+    body = {"model": model, "collection": into}
+    return Call(
+        "POST", f"{COLLECTIONS}/{collection}/reembed", _model(answers.ReembedJobOut), json=body,
+        write=True, idempotent=False,
+    )  # fmt: skip
+
+
+def reembed_job(collection: str, job: str) -> Call[answers.ReembedJobOut]:
+    """A re-embedding job: `status` (running, done, failed, cancelled) and `embedded`
+    (images read so far). Needs the admin key."""
+    path = f"{COLLECTIONS}/{collection}/reembed/{job}"
+    return Call("GET", path, _model(answers.ReembedJobOut), write=True)
+
+
+def cancel_reembed(collection: str, job: str) -> Call[answers.ReembedJobOut]:
+    """Cancel a re-embedding job; what it embedded is kept, and starting the same one
+    again goes on from there. Needs the admin key."""
+    path = f"{COLLECTIONS}/{collection}/reembed/{job}"
+    return Call("DELETE", path, _model(answers.ReembedJobOut), write=True)
+
+
 def create_snapshot(collection: str) -> Call[answers.SnapshotOut]:
     """Take a snapshot of `collection` while writes go on: exactly the items
     acknowledged before it. Needs a key that may write the collection."""

@@ -190,6 +190,9 @@ class Methods:
     aliases, set_alias = method(collection_calls.aliases), method(collection_calls.set_alias)
     delete_alias = method(collection_calls.delete_alias)  # DELETE /v1/aliases/{alias}
     promote = method(collection_calls.promote)  # POST /v1/aliases/{alias}/promote
+    start_reembed = method(collection_calls.start_reembed)  # POST .../reembed
+    reembed_job = method(collection_calls.reembed_job)  # GET .../reembed/{job}
+    cancel_reembed = method(collection_calls.cancel_reembed)  # DELETE .../reembed/{job}
     create_snapshot = method(collection_calls.create_snapshot)  # POST .../snapshots
     snapshots = method(collection_calls.snapshots)  # GET .../snapshots
     download_snapshot = method(collection_calls.download_snapshot)  # GET .../{snapshot}
