@@ -148,17 +148,20 @@ class DataFolder:
             store.close()
         return path
 
-    def restore(self, name: str, snapshot: Path) -> Path:
-        """A new collection `name` holding the items of the snapshot file `snapshot`
-        (restore_snapshot: a failed restore leaves nothing); NameTaken as `create`."""
+    def restore(self, name: str, snapshot: str) -> Path:
+        """A new collection `name` holding the items of `snapshot`: a snapshot id of this
+        folder, or a URL (remote_files.py); a failed restore leaves nothing
+        (restore_snapshot). NameTaken as `create`."""
+        from .remote_files import is_url, reading
         from .store.snapshot import restore_snapshot
 
         check_name(name)
+        source = snapshot if is_url(snapshot) else str(self.snapshot_file(snapshot))
         with self._aliases_locked() as aliases:
             self._check_free(name, aliases)
             path = self.root / COLLECTIONS_DIR / name
-            with snapshot.open("rb") as source:
-                restore_snapshot(source, path)
+            with reading(source) as stream:
+                restore_snapshot(stream, path)
         return path
 
     def building(self, name: str) -> Path:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .atomic import atomic_write_text
 from .evaluation.datasets import Item
@@ -88,18 +88,10 @@ def _copy_upload(path: Path, uploads: Path, target: Path, report: ReembedReport)
     return copy.resolve()
 
 
-def reembed(
-    src: Path,
-    out: Path,
-    embedder: Embedder,
-    *,
-    save_every: int = 2048,
-    progress: bool = True,
-    on_image: Callable[[int], object] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-) -> ReembedReport:
-    """Build OUT from SRC's items with `embedder` (module docstring); resumable.
-    `on_image` and `should_stop` as for `build_index` (a job's progress and cancel)."""
+def reembed(src: Path, out: Path, embedder: Embedder, **build: Any) -> ReembedReport:
+    """Build OUT from SRC's items with `embedder` (module docstring); resumable. `build`:
+    `build_index`'s `save_every`, `progress`, `on_image` and `should_stop` (a job's
+    progress and cancel)."""
     if src.resolve() == out.resolve():
         raise StoreError("reembed writes a new index: --out must be another folder than SRC")
     with open_index(src) as store:
@@ -118,9 +110,6 @@ def reembed(
         )
     report = ReembedReport(str(src))
     items = source_items(src, out, report)
-    report.build = build_index(
-        items, out, embedder, factory=factory, save_every=save_every, progress=progress,
-        store=target, on_image=on_image, should_stop=should_stop,
-    )  # fmt: skip
+    report.build = build_index(items, out, embedder, factory=factory, store=target, **build)
     atomic_write_text(out / REPORT_FILE, json.dumps(report.to_json(), indent=2) + "\n")
     return report

@@ -295,13 +295,12 @@ class Catalogue:
         self, name: str, *, model: str | None, snapshot: str | None, **options: Any
     ) -> dict[str, Any]:
         """A new collection from a model file under models/ or from a snapshot (its id
-        in this folder); answers its description."""
+        in this folder, or a URL); answers its description."""
         if model is not None:
             await on_folder(self.folder.create, name, model, **options)
         else:
             assert snapshot is not None
-            path = await on_folder(self.folder.snapshot_file, snapshot)
-            await on_folder(self.folder.restore, name, path)
+            await on_folder(self.folder.restore, name, snapshot)
         self._damaged.pop(name, None)
         return self.describe(name)
 

@@ -7,15 +7,16 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request, Security
+from fastapi import Depends, Path, Request, Security
 from fastapi.security import APIKeyHeader
 
-from vitrieval.index.collections import NAME_PATTERN
+from vitrieval.index.collections import NAME_PATTERN, DataFolder
 
 from .answers import API_KEY_HEADER
 from .catalogue import DEFAULT_ALIAS, Catalogue
 from .errors import ApiError
 from .keys import KeyRing, Rights
+from .reembed_jobs import ReembedJobs
 from .settings import Settings
 from .state import ServiceState
 
@@ -72,6 +73,29 @@ async def get_catalogue(request: Request) -> Catalogue:
 
 
 CatalogueDep = Annotated[Catalogue, Depends(get_catalogue)]
+
+
+@dataclass(frozen=True)
+class Addressed:
+    """The data folder and the collection (an alias resolved) a request addresses."""
+
+    folder: DataFolder
+    collection: str
+    jobs: ReembedJobs
+
+
+CollectionPath = Annotated[
+    str, Path(pattern=f"^{NAME_PATTERN.pattern}$", description="a collection, or an alias")
+]
+"""The {collection} of a route's path, checked (422 for a name no collection can have)."""
+
+
+async def addressed(request: Request, collection: CollectionPath) -> Addressed:
+    catalogue = await get_catalogue(request)
+    return Addressed(catalogue.folder, collection_of(request), catalogue.reembed_jobs)
+
+
+AddressedDep = Annotated[Addressed, Depends(addressed)]
 
 
 def collection_of(request: Request) -> str:

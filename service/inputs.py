@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from .errors import ApiError, validation_message
+from .operations import operation
 from .schemas import FormField
 from .text import find_unencodable, text_problem
 
@@ -82,28 +83,19 @@ class RequestBody(Generic[M]):
         return openapi_body(self)
 
     def post(
-        self, router: APIRouter, path: str, errors: Any, status_code: int = 200, **options: Any
+        self,
+        router: APIRouter,
+        path: str,
+        errors: Any,
+        status_code: int = 200,
+        method: str = "POST",
+        **options: Any,
     ) -> Callable[[F], F]:
-        """`router.post(path)` for a route that reads this body, documented from the route
-        itself: its name is the operation id, its docstring's first line the summary;
-        `errors` the documented error statuses (`errors.error_responses(...)`);
-        `options` more of `router.api_route`'s (`methods=["PUT"]`, `dependencies`)."""
-
-        options = {"methods": ["POST"], **options}
-
-        def declare(route: F) -> F:
-            summary = (route.__doc__ or "").strip().splitlines()[0].rstrip(".")
-            return router.api_route(
-                path,
-                **options,
-                operation_id=route.__name__,
-                summary=summary,
-                status_code=status_code,
-                responses=errors,
-                openapi_extra=self.openapi(),
-            )(route)
-
-        return declare
+        """`router.post(path)` (or `method`) for a route that reads this body, declared by
+        `operations.operation`: its name is the operation id, its docstring's first line the
+        summary; `errors` the documented error statuses (`errors.error_responses(...)`)."""
+        extra = self.openapi()
+        return operation(router, method, path, errors, status_code, openapi_extra=extra, **options)
 
 
 async def read_body(

@@ -424,6 +424,9 @@ def _depth(value: Any, level: int = 1) -> int:
 
 
 MAX_FILE_NAME = 255
+MAX_URL_LENGTH = 2048
+SNAPSHOT_SOURCE = rf"^({SNAPSHOT_ID.pattern}|s3://[^\s]+)$"
+"""A snapshot id, or an s3:// URL (what the server fetches is object storage only)."""
 MAX_FACTORY_LENGTH = 200
 MAX_FILTER_FIELDS = 64
 MAX_METRIC_NAME = 64
@@ -441,8 +444,10 @@ class CollectionCreate(Strict):
     )
     snapshot: str | None = Field(
         None,
-        pattern=f"^{SNAPSHOT_ID.pattern}$",
-        description="a snapshot id (POST .../snapshots) to restore",
+        pattern=SNAPSHOT_SOURCE,
+        max_length=MAX_URL_LENGTH,
+        description="a snapshot to restore: its id (POST .../snapshots), or the URL of a "
+        "snapshot file in object storage (s3://bucket/key.tar; the server's credentials)",
     )
     factory: str = Field(
         DEFAULT_FACTORY,

@@ -85,13 +85,10 @@ class ServedModel:
         layout = model_layout(settings, on_gpu)
         try:
             embedder = Embedder(
-                model,
-                device=settings.device,
-                batch_size=settings.max_batch_size,
-                intra_op_threads=layout.intra_op_threads,
-                max_pixels=settings.max_pixels,
+                model, device=settings.device, batch_size=settings.max_batch_size,
+                intra_op_threads=layout.intra_op_threads, max_pixels=settings.max_pixels,
                 spin_wait=settings.ort_spin_wait,
-            )
+            )  # fmt: skip
         except Exception as exc:  # ModelMetadataError, OSError, and ONNX Runtime's own types
             raise StartupError(f"cannot load model {model}: {exc}") from None
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from vitrieval.index.collections import NAME_PATTERN, SNAPSHOT_ID
+from vitrieval.index.collections import NAME_PATTERN
 from vitrieval.index.grouping import MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from vitrieval.index.recommend import MAX_EXAMPLES
@@ -44,7 +44,9 @@ from vitrieval.service.schemas import (
     MAX_METADATA_DEPTH,
     MAX_METRIC_NAME,
     MAX_QUERY_IMAGES,
+    MAX_URL_LENGTH,
     MAX_VECTOR_LENGTH,
+    SNAPSHOT_SOURCE,
 )
 from vitrieval.service.settings import Settings
 from vitrieval.service.text import MAX_LABEL_LENGTH
@@ -167,7 +169,7 @@ NAME = {"pattern": f"^{NAME_PATTERN.pattern}$"}
 EXPECTED["/v1/collections/{collection}"] = {
     content_type: {
         "model": {"maxLength": MAX_FILE_NAME},
-        "snapshot": {"pattern": f"^{SNAPSHOT_ID.pattern}$"},
+        "snapshot": {"pattern": SNAPSHOT_SOURCE, "maxLength": MAX_URL_LENGTH},
         "factory": {"maxLength": MAX_FACTORY_LENGTH},
         "filter_fields": {"maxItems": MAX_FILTER_FIELDS},
         "filter_fields[]": {"maxLength": MAX_FILTER_KEY_LENGTH},

@@ -87,3 +87,40 @@ def test_an_upload_that_fails_part_way_leaves_no_object(s3: str) -> None:
         fh.write(b"x" * (6 * 2**20))  # past one part: a multipart upload has begun
         raise RuntimeError("the snapshot failed")
     assert "broken.tar" not in objects(s3)
+
+
+def test_a_collection_is_created_from_a_snapshot_on_s3(
+    s3: str, tmp_path: Path, tiny_onnx: Path, capsys
+) -> None:
+    """PUT /v1/collections/{name} {"snapshot": "s3://..."}: the server restores it."""
+    import shutil
+
+    from app_client import AUTH, KEY  # tests/app_client.py
+    from fastapi.testclient import TestClient
+
+    from vitrieval.index.collections import MODELS_DIR, DataFolder
+    from vitrieval.service.app import create_data_app
+    from vitrieval.service.settings import Settings
+
+    (tmp_path / "data").mkdir()
+    folder = DataFolder(tmp_path / "data")
+    shutil.copy(tiny_onnx, folder.root / MODELS_DIR / "tiny.onnx")
+    folder.create("shop", "tiny.onnx")
+    with IndexStore.open(folder.path("shop")) as store:
+        store.add([f"s{i}" for i in range(9)], unit_vectors(np.random.default_rng(1), 9, 128))
+        store.save()
+    url = f"s3://{BUCKET}/shop.tar"
+    assert run(capsys, "snapshot", folder.path("shop"), "--out", url)[0] == 0
+    with TestClient(create_data_app(Settings(data=folder.root, api_key=KEY))) as client:
+        made = client.put("/v1/collections/copy", json={"snapshot": url}, headers=AUTH)
+        assert made.status_code == 201, made.text
+        assert made.json()["count"] == 9 and made.json()["dim"] == 128
+        scrolled = client.post("/v1/collections/copy/scroll", json={"limit": 100}).json()
+        assert [item["key"] for item in scrolled["items"]] == sorted(f"s{i}" for i in range(9))
+        missing = {"snapshot": f"s3://{BUCKET}/none.tar"}
+        gone = client.put("/v1/collections/other", json=missing, headers=AUTH)
+        assert gone.status_code == 422 and "copy" in {c["name"] for c in
+            client.get("/v1/collections").json()["collections"]}  # fmt: skip
+        assert "other" not in {
+            c["name"] for c in client.get("/v1/collections").json()["collections"]
+        }

@@ -33,6 +33,7 @@ from ..catalogue import Catalogue, on_folder
 from ..deps import AdminAccess, CatalogueDep, ReadAccess
 from ..errors import ApiError, error_responses
 from ..inputs import RequestBody
+from ..operations import operation
 from ..schemas import AliasSet, EvaluateRequest, PromoteRequest
 from .evaluate import evaluate_state
 
@@ -45,14 +46,9 @@ AliasPath = Annotated[
 ]
 
 
-@router.get(
-    "",
-    operation_id="list_aliases",
-    summary="Every alias and the collection it names",
-    dependencies=[ReadAccess],
-    responses=error_responses(400, 401),
-)
+@operation(router, "GET", "", error_responses(400, 401), dependencies=[ReadAccess])
 async def list_aliases(catalogue: CatalogueDep) -> AliasList:
+    """Every alias and the collection it names."""
     return AliasList(aliases=catalogue.aliases())
 
 
@@ -60,7 +56,7 @@ async def list_aliases(catalogue: CatalogueDep) -> AliasList:
     router,
     "/{alias}",
     error_responses(400, 401, 403, 404, 409, 413, 415, 422),
-    methods=["PUT"],
+    method="PUT",
     dependencies=[AdminAccess],
 )
 async def set_alias(alias: AliasPath, request: Request, catalogue: CatalogueDep) -> AliasOut:
@@ -70,14 +66,11 @@ async def set_alias(alias: AliasPath, request: Request, catalogue: CatalogueDep)
     return AliasOut(alias=alias, collection=body.collection, previous=previous)
 
 
-@router.delete(
-    "/{alias}",
-    operation_id="delete_alias",
-    summary="Delete an alias (the admin key)",
-    dependencies=[AdminAccess],
-    responses=error_responses(400, 401, 403, 404),
+@operation(
+    router, "DELETE", "/{alias}", error_responses(400, 401, 403, 404), dependencies=[AdminAccess]
 )
 async def delete_alias(alias: AliasPath, catalogue: CatalogueDep) -> AliasOut:
+    """Delete an alias (the admin key)."""
     target = await on_folder(catalogue.folder.delete_alias, alias)
     return AliasOut(alias=alias, collection=target)
 

@@ -22,9 +22,10 @@ from fastapi.routing import APIRoute
 from vitrieval.index.collections import NAME_PATTERN
 
 from ..answers import CollectionDeleted, CollectionList, CollectionOut
-from ..deps import AdminAccess, CatalogueDep, ReaderDep, forbidden
+from ..deps import AdminAccess, CatalogueDep, CollectionPath, ReaderDep, forbidden
 from ..errors import error_responses
 from ..inputs import RequestBody
+from ..operations import operation
 from ..schemas import CollectionCreate
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
@@ -35,9 +36,6 @@ IN_COLLECTION = "_in_collection"
 `search_in_collection`."""
 
 
-CollectionPath = Annotated[
-    str, PathParam(pattern=f"^{NAME_PATTERN.pattern}$", description="a collection, or an alias")
-]
 NamePath = Annotated[
     str, PathParam(pattern=f"^{NAME_PATTERN.pattern}$", description="a collection name")
 ]
@@ -79,13 +77,9 @@ def in_collection(router: APIRouter) -> APIRouter:
     return scoped
 
 
-@router.get(
-    "",
-    operation_id="list_collections",
-    summary="The collections (those the API key may read)",
-    responses=error_responses(400, 401),
-)
+@operation(router, "GET", "", error_responses(400, 401))
 async def list_collections(catalogue: CatalogueDep, who: ReaderDep) -> CollectionList:
+    """The collections (those the API key may read)."""
     names = catalogue.folder.names()
     readable = [n for n in names if who.may_read([n])]
     return CollectionList.model_validate({"collections": catalogue.listing(readable)})
@@ -96,7 +90,7 @@ async def list_collections(catalogue: CatalogueDep, who: ReaderDep) -> Collectio
     "/{collection}",
     error_responses(400, 401, 403, 404, 409, 413, 415, 422),
     201,
-    methods=["PUT"],
+    method="PUT",
     dependencies=[AdminAccess],
 )
 async def create_collection(
@@ -111,28 +105,22 @@ async def create_collection(
     return CollectionOut.model_validate(created)
 
 
-@router.get(
-    "/{collection}",
-    operation_id="get_collection",
-    summary="One collection (or the one an alias names)",
-    responses=error_responses(400, 401, 403, 404),
-)
+@operation(router, "GET", "/{collection}", error_responses(400, 401, 403, 404))
 async def get_collection(
     collection: CollectionPath, catalogue: CatalogueDep, who: ReaderDep
 ) -> CollectionOut:
+    """One collection (or the one an alias names)."""
     name = catalogue.resolve(collection)
     if not who.may_read([collection, name]):
         raise forbidden(f"read collection {collection!r}")
     return CollectionOut.model_validate(catalogue.describe(name))
 
 
-@router.delete(
-    "/{collection}",
-    operation_id="delete_collection",
-    summary="Delete a collection (the admin key; its snapshots are kept)",
+@operation(
+    router, "DELETE", "/{collection}", error_responses(400, 401, 403, 404, 409),
     dependencies=[AdminAccess],
-    responses=error_responses(400, 401, 403, 404, 409),
-)
+)  # fmt: skip
 async def delete_collection(collection: NamePath, catalogue: CatalogueDep) -> CollectionDeleted:
+    """Delete a collection (the admin key; its snapshots are kept)."""
     await catalogue.delete(collection)
     return CollectionDeleted(collection=collection, deleted=True)

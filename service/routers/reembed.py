@@ -14,62 +14,50 @@ from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
 
 from ..answers import ReembedJobOut
-from ..deps import AdminAccess, CatalogueDep, collection_of
+from ..deps import AddressedDep, AdminAccess
 from ..errors import ApiError, error_responses
 from ..inputs import RequestBody
+from ..operations import operation
 from ..reembed_jobs import ReembedJob
 from ..schemas import ReembedRequest
-from .collections import COLLECTION_PREFIX, CollectionPath
+from .collections import COLLECTION_PREFIX
 
 router = APIRouter(
     prefix=f"{COLLECTION_PREFIX}/reembed", tags=["collections"], dependencies=[AdminAccess]
 )
 REEMBED_BODY = RequestBody(ReembedRequest, image_field=None)
 JobPath = Annotated[str, PathParam(max_length=64, description="the job's id")]
+ERRORS = error_responses(400, 401, 403, 404)
 
 
 def _answer(job: ReembedJob) -> ReembedJobOut:
     return ReembedJobOut.model_validate(job, from_attributes=True)
 
 
-@REEMBED_BODY.post(router, "", error_responses(400, 401, 403, 404, 409, 413, 415, 422), 202)
-async def start_reembed(
-    collection: CollectionPath, request: Request, catalogue: CatalogueDep
-) -> ReembedJobOut:
-    """Start building a collection of these items embedded by another model."""
-    body, _ = await REEMBED_BODY.read(request)
-    jobs, source = catalogue.reembed_jobs, collection_of(request)
-    return _answer(jobs.start(catalogue.folder, source, body.collection, body.model))
-
-
-def _job(catalogue: CatalogueDep, source: str, job: str) -> ReembedJob:
-    found = catalogue.reembed_jobs.get(job)
-    if found is None or found.source != source:
-        raise ApiError(404, "unknown_job", f"no re-embedding job {job!r} of {source!r}")
+def _job(target: AddressedDep, job: str) -> ReembedJob:
+    found = target.jobs.get(job)
+    if found is None or found.source != target.collection:
+        raise ApiError(404, "unknown_job", f"no re-embedding job {job!r} of {target.collection!r}")
     return found
 
 
-@router.get(
-    "/{job}",
-    operation_id="get_reembed",
-    summary="A re-embedding job: its progress and outcome",
-    responses=error_responses(400, 401, 403, 404),
-)
-async def get_reembed(
-    collection: CollectionPath, job: JobPath, request: Request, catalogue: CatalogueDep
-) -> ReembedJobOut:
-    return _answer(_job(catalogue, collection_of(request), job))
+@REEMBED_BODY.post(router, "", ERRORS | error_responses(409, 413, 415, 422), 202)
+async def start_reembed(target: AddressedDep, request: Request) -> ReembedJobOut:
+    """Start building a collection of these items embedded by another model."""
+    body, _ = await REEMBED_BODY.read(request)
+    started = target.jobs.start(target.folder, target.collection, body.collection, body.model)
+    return _answer(started)
 
 
-@router.delete(
-    "/{job}",
-    operation_id="cancel_reembed",
-    summary="Cancel a re-embedding job (what is embedded is kept for the next one)",
-    responses=error_responses(400, 401, 403, 404),
-)
-async def cancel_reembed(
-    collection: CollectionPath, job: JobPath, request: Request, catalogue: CatalogueDep
-) -> ReembedJobOut:
-    found = _job(catalogue, collection_of(request), job)
+@operation(router, "GET", "/{job}", ERRORS)
+async def get_reembed(target: AddressedDep, job: JobPath) -> ReembedJobOut:
+    """A re-embedding job: its progress and outcome."""
+    return _answer(_job(target, job))
+
+
+@operation(router, "DELETE", "/{job}", ERRORS)
+async def cancel_reembed(target: AddressedDep, job: JobPath) -> ReembedJobOut:
+    """Cancel a re-embedding job (what is embedded is kept for the next one)."""
+    found = _job(target, job)
     found.cancel.set()
     return _answer(found)

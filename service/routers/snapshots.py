@@ -12,18 +12,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
-from vitrieval.index.collection_snapshots import delete_snapshot, list_snapshots, take_snapshot
+from vitrieval.index import collection_snapshots as kept
 from vitrieval.index.collections import SNAPSHOT_ID
 
 from ..answers import SnapshotDeleted, SnapshotList, SnapshotOut
 from ..catalogue import on_folder
-from ..deps import CatalogueDep, ReadAccess, WriteAccess, collection_of
+from ..deps import AddressedDep, ReadAccess, WriteAccess
 from ..errors import binary_responses, error_responses
-from .collections import COLLECTION_PREFIX, CollectionPath
+from ..operations import operation
+from .collections import COLLECTION_PREFIX
 
 router = APIRouter(prefix=f"{COLLECTION_PREFIX}/snapshots", tags=["snapshots"])
 TAR = "application/octet-stream"
@@ -32,62 +33,35 @@ Content-Disposition, ends in .tar)."""
 SnapshotPath = Annotated[
     str, PathParam(pattern=f"^{SNAPSHOT_ID.pattern}$", description="a snapshot id")
 ]
+ERRORS = error_responses(400, 401, 403, 404)
 
 
-@router.post(
-    "",
-    operation_id="create_snapshot",
-    status_code=201,
-    summary="Take a snapshot of a collection while writes go on",
-    dependencies=[WriteAccess],
-    responses=error_responses(400, 401, 403, 404, 422, 503),
-)
-async def create_snapshot(
-    collection: CollectionPath, request: Request, catalogue: CatalogueDep
-) -> SnapshotOut:
-    taken = await on_folder(take_snapshot, catalogue.folder, collection_of(request))
+@operation(router, "POST", "", ERRORS | error_responses(422, 503), 201, dependencies=[WriteAccess])
+async def create_snapshot(target: AddressedDep) -> SnapshotOut:
+    """Take a snapshot of a collection while writes go on."""
+    taken = await on_folder(kept.take_snapshot, target.folder, target.collection)
     return SnapshotOut.model_validate(taken.to_json())
 
 
-@router.get(
-    "",
-    operation_id="list_snapshots",
-    summary="A collection's snapshots, oldest first",
-    dependencies=[ReadAccess],
-    responses=error_responses(400, 401, 403, 404),
-)
-async def get_snapshots(
-    collection: CollectionPath, request: Request, catalogue: CatalogueDep
-) -> SnapshotList:
-    found = await on_folder(list_snapshots, catalogue.folder, collection_of(request))
+@operation(router, "GET", "", ERRORS, dependencies=[ReadAccess])
+async def list_snapshots(target: AddressedDep) -> SnapshotList:
+    """A collection's snapshots, oldest first."""
+    found = await on_folder(kept.list_snapshots, target.folder, target.collection)
     return SnapshotList(snapshots=[SnapshotOut.model_validate(s.to_json()) for s in found])
 
 
-@router.get(
-    "/{snapshot}",
-    operation_id="download_snapshot",
-    summary="Download a snapshot as a tar file",
-    dependencies=[ReadAccess],
-    response_class=FileResponse,
-    responses=binary_responses(TAR, "the snapshot, a tar file", 400, 401, 403, 404),
-)
-async def download_snapshot(
-    collection: CollectionPath, snapshot: SnapshotPath, request: Request, catalogue: CatalogueDep
-) -> FileResponse:
-    name = collection_of(request)
-    path = await on_folder(catalogue.folder.snapshot_file, snapshot, name)
-    return FileResponse(path, media_type=TAR, filename=f"{name}-{snapshot}.tar")
+@operation(
+    router, "GET", "/{snapshot}", binary_responses(TAR, "the snapshot, a tar file", *ERRORS),
+    dependencies=[ReadAccess], response_class=FileResponse,
+)  # fmt: skip
+async def download_snapshot(target: AddressedDep, snapshot: SnapshotPath) -> FileResponse:
+    """Download a snapshot as a tar file."""
+    path = await on_folder(target.folder.snapshot_file, snapshot, target.collection)
+    return FileResponse(path, media_type=TAR, filename=f"{target.collection}-{snapshot}.tar")
 
 
-@router.delete(
-    "/{snapshot}",
-    operation_id="delete_snapshot",
-    summary="Delete a snapshot",
-    dependencies=[WriteAccess],
-    responses=error_responses(400, 401, 403, 404),
-)
-async def remove_snapshot(
-    collection: CollectionPath, snapshot: SnapshotPath, request: Request, catalogue: CatalogueDep
-) -> SnapshotDeleted:
-    await on_folder(delete_snapshot, catalogue.folder, collection_of(request), snapshot)
+@operation(router, "DELETE", "/{snapshot}", ERRORS, dependencies=[WriteAccess])
+async def delete_snapshot(target: AddressedDep, snapshot: SnapshotPath) -> SnapshotDeleted:
+    """Delete a snapshot."""
+    await on_folder(kept.delete_snapshot, target.folder, target.collection, snapshot)
     return SnapshotDeleted(snapshot=snapshot, deleted=True)
