@@ -7,6 +7,7 @@ Layout (one place; everything else asks this module)::
     DIR/collections/NAME/         one index directory per collection (its own model copy)
     DIR/aliases.json              {"aliases": {"ALIAS": "NAME", ...}}
     DIR/snapshots/NAME/ID.tar     snapshots of collection NAME (index/collection_snapshots.py)
+    DIR/snapshots/.deleted-NAME-X/  those of a deleted collection NAME, kept, not served
     DIR/collections/.building-NAME/  a collection being built (a re-embedding), not served
 
 Names (collections and aliases alike) match NAME_PATTERN and share one namespace: an
@@ -49,6 +50,7 @@ SNAPSHOT_ID = re.compile(r"[0-9]{8}t[0-9]{6}z-[0-9a-f]{8}")
 _ALIASES_LOCK = ".aliases.lock"
 _TRASH_PREFIX = ".deleting-"
 _BUILDING_PREFIX = ".building-"
+_DELETED_PREFIX = ".deleted-"
 DEFAULT_FACTORY = "Flat"
 """A new collection's FAISS factory: exact search, trained on nothing (it starts empty)."""
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -155,14 +157,15 @@ class DataFolder:
         from .remote_files import is_url, reading
         from .store.snapshot import restore_snapshot
 
-        check_name(name)
         source = snapshot if is_url(snapshot) else str(self.snapshot_file(snapshot))
-        with self._aliases_locked() as aliases:
-            self._check_free(name, aliases)
-            path = self.root / COLLECTIONS_DIR / name
+        # restored beside, outside the lock (a download takes its time), then renamed in
+        built = self.building(name).with_name(f"{_TRASH_PREFIX}restore-{uuid.uuid4().hex[:8]}")
+        try:
             with reading(source) as stream:
-                restore_snapshot(stream, path)
-        return path
+                restore_snapshot(stream, built)
+            return self.adopt(name, built)
+        finally:
+            shutil.rmtree(built, ignore_errors=True)  # gone once adopted; else a leftover
 
     def building(self, name: str) -> Path:
         """Where collection `name` is built before it is served (`adopt`); NameTaken
@@ -174,13 +177,13 @@ class DataFolder:
         if name in aliases or self.is_collection(name):
             raise NameTaken(f"{name!r} is already a collection or an alias")
 
-    def adopt(self, name: str) -> Path:
-        """Serve the collection built in `building(name)`: renamed into place at once
-        (NameTaken when the name was taken meanwhile)."""
+    def adopt(self, name: str, built: Path | None = None) -> Path:
+        """Serve the collection built in `built` (default `building(name)`): renamed
+        into place at once (NameTaken when the name was taken meanwhile)."""
         with self._aliases_locked() as aliases:
             self._check_free(name, aliases)
             folder = self.root / COLLECTIONS_DIR
-            os.rename(folder / f"{_BUILDING_PREFIX}{name}", folder / name)
+            os.rename(built or folder / f"{_BUILDING_PREFIX}{name}", folder / name)
             fsync_dir(folder)
         return folder / name
 
@@ -209,24 +212,36 @@ class DataFolder:
             return []
         return sorted(p.name for p in folder.iterdir() if NAME_PATTERN.fullmatch(p.name))
 
-    def delete(self, name: str) -> None:
-        """Delete collection `name` (not an alias); NameTaken while an alias names it."""
+    def check_deletable(self, name: str, aliases: dict[str, str] | None = None) -> None:
+        """UnknownCollection, or NameTaken while `name` is an alias or an alias names it."""
         check_name(name)
+        aliases = self.aliases() if aliases is None else aliases
+        if name in aliases:
+            raise NameTaken(f"{name!r} is an alias: delete it with the alias routes")
+        if not self.is_collection(name):
+            raise UnknownCollection(f"no collection named {name!r}")
+        users = sorted(a for a, target in aliases.items() if target == name)
+        if users:
+            raise NameTaken(
+                f"collection {name!r} is named by alias {', '.join(users)}: repoint or "
+                "delete the alias first"
+            )
+
+    def delete(self, name: str) -> None:
+        """Delete collection `name` (not an alias); NameTaken while an alias names it.
+        Its snapshots are kept, moved aside out of any later collection's reach
+        (snapshots/.deleted-NAME-XXXXXXXX/)."""
         with self._aliases_locked() as aliases:
-            if name in aliases:
-                raise NameTaken(f"{name!r} is an alias: delete it with the alias routes")
-            if not self.is_collection(name):
-                raise UnknownCollection(f"no collection named {name!r}")
-            users = sorted(a for a, target in aliases.items() if target == name)
-            if users:
-                raise NameTaken(
-                    f"collection {name!r} is named by alias {', '.join(users)}: repoint or "
-                    "delete the alias first"
-                )
+            self.check_deletable(name, aliases)
             folder = self.root / COLLECTIONS_DIR
-            trash = folder / f"{_TRASH_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+            tag = f"{name}-{uuid.uuid4().hex[:8]}"
+            trash = folder / f"{_TRASH_PREFIX}{tag}"
             os.rename(folder / name, trash)  # gone at once, whatever the removal takes
             fsync_dir(folder)
+            snapshots = self.root / SNAPSHOTS_DIR / name
+            if snapshots.is_dir():  # a new collection of this name must not read them
+                os.rename(snapshots, snapshots.parent / f"{_DELETED_PREFIX}{tag}")
+                fsync_dir(snapshots.parent)
         shutil.rmtree(trash, ignore_errors=True)
 
     # -- aliases -------------------------------------------------------------------------

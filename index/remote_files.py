@@ -56,6 +56,8 @@ def reading(source: str) -> Iterator[IO[bytes]]:
 
 @contextlib.contextmanager
 def _url(url: str, mode: str) -> Iterator[IO[bytes]]:
+    if "::" in url:  # fsspec's chained URLs: one location, one protocol
+        raise StoreError(f"{url}: a chained URL ('::') is not a snapshot location")
     try:
         import fsspec
     except ImportError:
@@ -74,11 +76,15 @@ def _url(url: str, mode: str) -> Iterator[IO[bytes]]:
         raise StoreError(f"cannot open {url}: {exc}") from None
     try:
         yield fh
-    except BaseException:
+        fh.close()
+    except BaseException as exc:
         # an S3 upload not completed stays invisible: discard it rather than finish it
         with contextlib.suppress(Exception):
             if hasattr(fh, "discard"):
                 fh.discard()
                 fh.closed = True  # discarded: closing must not upload what is left
+        if mode == "rb" and isinstance(exc, Exception) and not isinstance(exc, StoreError):
+            # the network or the store failing part way through a read (botocore's
+            # errors, OSError): the snapshot cannot be read
+            raise StoreError(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
         raise
-    fh.close()

@@ -8,14 +8,20 @@ memory budget for the whole server.
 
 - A collection opens on first use and is closed again once nobody has used it for
   `collection_idle_s` (its journal saved, its memory returned); the next request
-  opens it again.
+  opens it again. Opening and closing a name hold its lock (never both at once), and
+  run as the catalogue's own tasks: a request that gives up (its timeout) does not
+  cut an open or a close short, which would leave a store holding its journal lock.
+- A collection is closed only when no request holds it (a shutdown excepted); while it
+  closes or is deleted, its requests get 503 `collection_busy`.
 - A request resolves its collection once, when it starts (an alias to the collection
   it names then), and holds it until it ends: an alias switched meanwhile sends the
   next requests to the new collection while this one finishes where it started, and
   a collection is never closed under a request.
 - A collection that cannot be opened (damaged, or of a model that fails its
   self-check) is reported by name in /v1/collections and /metrics; its own requests
-  get 503 `collection_damaged`, the other collections serve on.
+  get 503 `collection_damaged` (tried again after DAMAGED_RETRY_S), the other
+  collections serve on.
+- Models are counted: the last open collection of a model unloads it.
 - Aliases are read from aliases.json, again whenever the file changed (the
   `vitrieval-index promote` command may switch one while the server runs).
 """
@@ -27,7 +33,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,7 +44,7 @@ from vitrieval.index.gpu_notice import log_cpu_only
 from vitrieval.index.store import StoreError
 from vitrieval.index.store import manifest as mf
 
-from .errors import ApiError, collection_error
+from .errors import ApiError, collection_error, storage_error
 from .maintenance import upkeep
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
@@ -51,6 +58,8 @@ T = TypeVar("T")
 DEFAULT_ALIAS = "default"
 """What today's /v1/... routes address on a data folder server without --default."""
 IDLE_CHECK_MAX_S = 30.0
+DAMAGED_RETRY_S = 30.0
+"""A collection that failed to open is tried again after this long, not per request."""
 
 
 @dataclass
@@ -75,8 +84,13 @@ class Catalogue:
         self.decode_pool, self.decode_budget = decoding(settings)
         self._open: dict[str, OpenCollection] = {}
         self._models: dict[str, ServedModel] = {}  # fingerprint -> the loaded model
-        self._damaged: dict[str, str] = {}  # name -> why it cannot be opened (the log's words)
-        self._opening: dict[str, asyncio.Lock] = {}
+        self._model_users: Counter[str] = Counter()  # fingerprint -> open collections
+        self._models_lock = asyncio.Lock()
+        # name -> (why it cannot be opened, in the log's words; when that was found)
+        self._damaged: dict[str, tuple[str, float]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._loads: dict[str, asyncio.Task] = {}
+        self._closing: set[str] = set()
         self._aliases: tuple[Any, dict[str, str]] = (None, {})
         self._idle: asyncio.Task | None = None
         self.reembed_jobs = ReembedJobs()  # POST /v1/collections/{name}/reembed
@@ -92,7 +106,11 @@ class Catalogue:
         except FileNotFoundError:
             stamp = None
         if stamp != self._aliases[0]:
-            self._aliases = (stamp, self.folder.aliases() if stamp else {})
+            try:
+                self._aliases = (stamp, self.folder.aliases() if stamp else {})
+            except StoreError as exc:  # serve on with the aliases read last
+                logger.error("aliases not read again, the last ones kept: %s", exc)
+                self._aliases = (stamp, self._aliases[1])
         return self._aliases[1]
 
     @property
@@ -118,10 +136,9 @@ class Catalogue:
     # -- serving -------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def using(self, name: str | None) -> AsyncIterator[ServiceState]:
-        """The state of collection (or alias) `name`, opened if need be, held open for
-        the block."""
-        collection = self.resolve(name)
+    async def using(self, collection: str) -> AsyncIterator[ServiceState]:
+        """The state of `collection` (a resolved name), opened if need be, held open for
+        the block: it is not closed before the block ends."""
         opened = await self._get(collection)
         opened.in_use += 1
         try:
@@ -131,83 +148,135 @@ class Catalogue:
             opened.last_used = time.monotonic()
 
     async def _get(self, name: str) -> OpenCollection:
+        if name in self._closing:
+            raise ApiError(
+                503,
+                "collection_busy",
+                f"collection {name!r} is being closed or deleted; retry shortly",
+                {"Retry-After": "1"},
+            )
         opened = self._open.get(name)
         if opened is not None:
             return opened
-        lock = self._opening.setdefault(name, asyncio.Lock())
-        async with lock:
-            opened = self._open.get(name)
-            if opened is None:
-                opened = await self._load(name)
-                self._open[name] = opened
-        return opened
+        failed = self._damaged.get(name)
+        if failed is not None and time.monotonic() - failed[1] < DAMAGED_RETRY_S:
+            raise _damaged_error(name)
+        load = self._loads.get(name)
+        if load is None:  # the catalogue's task: a request that gives up does not stop it
+            load = self._loads[name] = asyncio.create_task(self._load(name))
+            load.add_done_callback(lambda done: self._loads.pop(name, None))
+            load.add_done_callback(_retrieved)
+        return await asyncio.shield(load)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        """Held while collection `name` opens or closes: never both at once."""
+        return self._locks.setdefault(name, asyncio.Lock())
 
     async def _load(self, name: str) -> OpenCollection:
-        try:
-            model = await self._model_for(name)
-            state = await asyncio.to_thread(
-                ServiceState.serving,
-                self.settings,
-                self.metrics,
-                model,
-                self.folder.path(name),
-                self.decode_pool,
-                self.decode_budget,
-                owns_decode_pool=False,
-            )
-        except (StartupError, StoreError, OSError) as exc:
-            self._damaged[name] = str(exc)
-            logger.error("collection %s cannot be served: %s", name, exc)
-            raise ApiError(
-                503,
-                "collection_damaged",
-                f"collection {name!r} cannot be opened; the server's log says why",
-            ) from None
-        self._damaged.pop(name, None)
-        closing = contextlib.AsyncExitStack()
-        await closing.enter_async_context(upkeep(state))
-        state.ready = True
-        logger.info("opened collection %s: %d items", name, len(state.store))
-        return OpenCollection(name, state, closing)
+        async with self._lock(name):
+            opened = self._open.get(name)
+            if opened is not None:
+                return opened
+            if not self.folder.is_collection(name):  # deleted while this load waited
+                raise ApiError(404, "unknown_collection", f"no collection named {name!r}")
+            try:
+                model = await self._take_model(name)
+            except (StartupError, StoreError, OSError) as exc:
+                raise self._failed(name, exc) from None
+            try:
+                state = await asyncio.to_thread(
+                    ServiceState.serving,
+                    self.settings,
+                    self.metrics,
+                    model,
+                    self.folder.path(name),
+                    self.decode_pool,
+                    self.decode_budget,
+                    owns_decode_pool=False,
+                )
+            except (StartupError, StoreError, OSError) as exc:
+                await self._give_model(model)
+                raise self._failed(name, exc) from None
+            self._damaged.pop(name, None)
+            closing = contextlib.AsyncExitStack()
+            await closing.enter_async_context(upkeep(state))
+            closing.push_async_callback(self._give_model, model)
+            self._open[name] = opened = OpenCollection(name, state, closing)
+            logger.info("opened collection %s: %d items", name, len(state.store))
+            return opened
 
-    async def _model_for(self, name: str) -> ServedModel:
+    def _failed(self, name: str, exc: Exception) -> ApiError:
+        self._damaged[name] = (str(exc), time.monotonic())
+        logger.error("collection %s cannot be served: %s", name, exc)
+        return _damaged_error(name)
+
+    async def _take_model(self, name: str) -> ServedModel:
         """The loaded model of collection `name` (loaded from its model copy once per
-        fingerprint)."""
+        fingerprint), counted as used until `_give_model`."""
         directory = self.folder.path(name)
         manifest = await asyncio.to_thread(mf.read_manifest, directory)
         entry = manifest.model
         if entry is None or entry.file is None or entry.fingerprint is None:
             raise StartupError(f"collection {name!r} keeps no model copy to embed queries with")
-        model = self._models.get(entry.fingerprint)
-        if model is None:
-            path = directory / entry.file
-            model = await asyncio.to_thread(ServedModel.load, self.settings, path, self.metrics)
-            await model.batcher.start()
-            log_cpu_only(model.cpu_only)
-            self._models[entry.fingerprint] = model
+        async with self._models_lock:
+            model = self._models.get(entry.fingerprint)
+            if model is None:
+                path = directory / entry.file
+                model = await asyncio.to_thread(ServedModel.load, self.settings, path, self.metrics)
+                await model.batcher.start()
+                log_cpu_only(model.cpu_only)
+                self._models[entry.fingerprint] = model
+            self._model_users[entry.fingerprint] += 1
         return model
 
-    async def close(self, name: str, *, wait_s: float = 30.0) -> None:
-        """Close collection `name` once its requests end (at most `wait_s`)."""
+    async def _give_model(self, model: ServedModel) -> None:
+        """One user fewer of `model`; the last one stops it and returns its memory."""
+        fingerprint = model.embedder.fingerprint
+        async with self._models_lock:
+            self._model_users[fingerprint] -= 1
+            if self._model_users[fingerprint] > 0:
+                return
+            del self._model_users[fingerprint]
+            unused = self._models.pop(fingerprint, None)
+        if unused is not None:
+            await unused.batcher.stop()
+        return_large_buffers_to_the_os()
+
+    async def close(self, name: str, *, wait_s: float = 30.0, force: bool = False) -> bool:
+        """Close collection `name` once its requests end (waiting at most `wait_s`;
+        still in use then: False, left open, unless `force`, at shutdown). Requests
+        meanwhile get 503 `collection_busy`. The close runs to its end even when the
+        caller is cancelled (a half-closed store would keep its lock)."""
+        if name in self._closing:
+            return False
+        return await self._exclusive(name, self._close(name, wait_s, force))
+
+    async def _exclusive(self, name: str, work: Coroutine[Any, Any, bool]) -> bool:
+        """Run `work` (a close or a delete) as the catalogue's task, to its end whatever
+        happens to the caller, `name` marked closing (its requests get 503) meanwhile."""
+        self._closing.add(name)
+        task = asyncio.create_task(work)
+        task.add_done_callback(lambda done: self._closing.discard(name))
+        task.add_done_callback(_retrieved)
+        return await asyncio.shield(task)
+
+    async def _close(self, name: str, wait_s: float, force: bool) -> bool:
+        async with self._lock(name):
+            return await self._close_locked(name, wait_s, force)
+
+    async def _close_locked(self, name: str, wait_s: float, force: bool) -> bool:
         opened = self._open.get(name)
         if opened is None:
-            return
+            return True
         deadline = time.monotonic() + wait_s
         while opened.in_use and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self._open.get(name) is not opened:
-            return  # closed by another caller meanwhile
+        if opened.in_use and not force:
+            return False
         del self._open[name]
-        opened.state.ready = False
-        await opened.closing.aclose()
-        await self._release_unused_models()
+        await opened.closing.aclose()  # upkeep stopped, journal saved, model given back
         logger.info("closed collection %s", name)
-
-    async def _release_unused_models(self) -> None:
-        used = {o.state.embedder.fingerprint for o in self._open.values()}
-        for fingerprint in [f for f in self._models if f not in used]:
-            await self._models.pop(fingerprint).batcher.stop()
-        return_large_buffers_to_the_os()
+        return True
 
     async def close_idle(self) -> list[str]:
         """Close the collections unused for `collection_idle_s`; their names."""
@@ -219,9 +288,7 @@ class Catalogue:
             and now - o.last_used >= self.settings.collection_idle_s
             and not o.state.duplicate_jobs.running
         ]
-        for name in idle:
-            await self.close(name, wait_s=0)
-        return idle
+        return [name for name in idle if await self.close(name, wait_s=0)]
 
     async def _close_idle_loop(self) -> None:
         every = min(IDLE_CHECK_MAX_S, max(0.05, self.settings.collection_idle_s / 4))
@@ -244,8 +311,7 @@ class Catalogue:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._idle
         for name in list(self._open):
-            await self.close(name, wait_s=10.0)
-        await self._release_unused_models()
+            await self.close(name, wait_s=10.0, force=True)
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the collections and aliases -----------------------------------------------------
@@ -305,12 +371,34 @@ class Catalogue:
         return self.describe(name)
 
     async def delete(self, name: str) -> None:
-        """Close collection `name` and delete its folder (its snapshots are kept); the
-        data folder refuses an alias's name and a collection an alias names."""
-        await self.close(name)
-        await on_folder(self.folder.delete, name)
-        await self.close(name, wait_s=0)  # opened again by a request meanwhile
-        self._damaged.pop(name, None)
+        """Close collection `name` and delete its folder (its snapshots are moved
+        aside). Refused first, with nothing closed: an alias's name, a collection an
+        alias names (409), one a re-embedding reads (409), one still in use after 30 s
+        (409). Its requests meanwhile get 503 `collection_busy`."""
+        await on_folder(self.folder.check_deletable, name)
+        if self.reembed_jobs.reading(name):
+            raise ApiError(409, "job_running", f"a re-embedding job reads {name!r}")
+        await self._exclusive(name, self._delete(name))
+
+    async def _delete(self, name: str) -> bool:
+        async with self._lock(name):
+            if not await self._close_locked(name, 30.0, force=False):
+                raise ApiError(409, "collection_busy", f"collection {name!r} is still in use")
+            await on_folder(self.folder.delete, name)
+            self._damaged.pop(name, None)
+        return True
+
+
+def _damaged_error(name: str) -> ApiError:
+    reason = f"collection {name!r} cannot be opened; the server's log says why"
+    return ApiError(503, "collection_damaged", reason)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Read a load's outcome, so a failure whose requests all gave up is not reported
+    as never retrieved (the log has it already)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def on_folder(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -320,6 +408,8 @@ async def on_folder(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(call, *args, **kwargs)
     except StoreError as exc:
         raise collection_error(exc) from None
+    except OSError as exc:  # the disk full or failing: the storage's trouble, a 503
+        raise storage_error(exc) from None
 
 
 def data_folder(path: Path | str | os.PathLike[str]) -> DataFolder:

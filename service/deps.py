@@ -102,13 +102,17 @@ def collection_of(request: Request) -> str:
     """The collection the request addresses: its path's name (an alias resolved), else
     the default one; on a server of one index, that index is the collection
     DEFAULT_ALIAS."""
+    resolved = getattr(request.state, "collection", None)
+    if resolved is not None:  # resolved once per request: an alias switch meanwhile
+        return resolved  # must not send it elsewhere than where its key was checked
     name = request.path_params.get("collection")
     if name is not None and not NAME_PATTERN.fullmatch(name):
         # said here: FastAPI reports the path's pattern only once every dependency ran
         raise ApiError(422, "invalid_request", f"{name!r} is not a collection or alias name")
     catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
     if catalogue is not None:
-        return catalogue.resolve(name)
+        request.state.collection = catalogue.resolve(name)
+        return request.state.collection
     if name not in (None, DEFAULT_ALIAS):
         raise ApiError(
             404,
@@ -169,6 +173,9 @@ def _addressed(request: Request) -> list[str]:
     it resolves to (a key given an alias follows it to whichever collection it names)."""
     collection = collection_of(request)
     name = request.path_params.get("collection")
+    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    if name is None and catalogue is not None:
+        name = catalogue.default_name  # the plain routes go by the default's name
     return [collection] if name in (None, collection) else [name, collection]
 
 

@@ -42,6 +42,10 @@ class Jobs(Generic[J]):
     def get(self, job: str) -> J | None:
         return self._jobs.get(job)
 
+    def kept(self) -> list[J]:
+        """The jobs kept, oldest first."""
+        return list(self._jobs.values())
+
     @property
     def running(self) -> bool:
         """Whether a job is running (what it reads must stay open)."""

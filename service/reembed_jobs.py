@@ -84,8 +84,12 @@ class ReembedJobs(Jobs[ReembedJob]):
 
         return self.run(job, work, Stopped)
 
+    def reading(self, collection: str) -> bool:
+        """Whether a running job reads `collection` (it must not be deleted)."""
+        return any(j.status == "running" and j.source == collection for j in self.kept())
+
     async def stop(self) -> None:
         """Stop the running job after its current batch and wait for it."""
-        for job in list(self._jobs.values()):
+        for job in self.kept():
             job.cancel.set()
         await self.wait()

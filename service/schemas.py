@@ -492,6 +492,18 @@ class PromoteRequest(Strict):
     )
     min_gain: float = Field(0.0, allow_inf_nan=False, ge=-1, le=1)
 
+    @model_validator(mode="after")
+    def _known_metric(self) -> PromoteRequest:
+        # said before the two evaluations run, not after them
+        ks = self.evaluation.ks
+        known = ["map", "map_at_r", "r_precision"]
+        known += [f"{name}@{k}" for name in ("recall", "precision") for k in ks]
+        if self.metric not in known:
+            raise ValueError(
+                f"no metric {self.metric!r} in the evaluation; one of {', '.join(known)}"
+            )
+        return self
+
 
 class ReembedRequest(Strict):
     """Build the new collection `collection` of this collection's items, each embedded

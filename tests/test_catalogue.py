@@ -146,7 +146,9 @@ def test_bad_names_and_bodies_are_4xx(folder: DataFolder) -> None:
             client.put("/v1/aliases/x", json={"collection": "zz"}, headers=AUTH).status_code == 404
         )
         assert client.get("/v1/collections/%C2%84/info").status_code == 422
-        promote = {"collection": "b", "metric": "ndcg"}
+        promote = {"collection": "b", "metric": "ndcg"}  # refused before any evaluation
+        assert client.post("/v1/aliases/x/promote", json=promote, headers=AUTH).status_code == 422
+        promote["metric"] = "recall@1"
         assert client.post("/v1/aliases/x/promote", json=promote, headers=AUTH).status_code == 404
 
 
@@ -212,3 +214,20 @@ def test_a_reembed_job_builds_a_new_collection_and_a_cancelled_one_goes_on(
         found = client.post("/v1/collections/digits-v2/search", json={"key": key, "k": 1})
         assert found.status_code == 200, found.text
         assert found.json()["hits"][0]["key"] != key  # the item itself left out
+
+
+def test_a_deleted_collections_snapshots_stay_out_of_reach_of_its_name(
+    folder: DataFolder,
+) -> None:
+    """A new collection under a deleted one's name cannot list or restore the old
+    one's snapshots (another tenant's backups); they stay on disk, moved aside."""
+    with serve(folder) as client:
+        taken = client.post("/v1/collections/b/snapshots", headers=AUTH).json()["snapshot"]
+        assert client.delete("/v1/collections/b", headers=AUTH).status_code == 200
+        made = client.put("/v1/collections/b", json={"model": "tiny.onnx"}, headers=AUTH)
+        assert made.status_code == 201
+        assert client.get("/v1/collections/b/snapshots").json()["snapshots"] == []
+        again = client.put("/v1/collections/c", json={"snapshot": taken}, headers=AUTH)
+        assert again.status_code == 404
+        kept = list((folder.root / "snapshots").glob(f".deleted-b-*/{taken}.tar"))
+        assert len(kept) == 1

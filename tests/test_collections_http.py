@@ -21,6 +21,7 @@ from vitrieval.client import (
     AuthenticationError,
     Client,
     ConflictError,
+    InvalidRequestError,
     NotFoundError,
     PermissionDeniedError,
 )
@@ -133,6 +134,19 @@ def test_a_key_never_touches_a_collection_it_is_not_given(server: Server) -> Non
         Client(server.url, collection="shop").get("by-key")
     with pytest.raises(NotFoundError):
         Client(server.url, ADMIN, collection="nowhere").info()
+    # the aliases a key lists are those of the collections it may read
+    assert reader.aliases().aliases == {}
+    assert Client(server.url, ADMIN).aliases().aliases["prod"] in ("v1", "v2")
+
+
+def test_the_client_quotes_names_into_one_path_segment(server: Server) -> None:
+    """A name with a slash or dots stays one segment: it never reaches another route."""
+    admin = Client(server.url, ADMIN)
+    admin.create_collection("quoted", model="a.onnx")
+    admin.in_collection("quoted").add("x", vector=np.ones(128))
+    with pytest.raises((NotFoundError, InvalidRequestError)):
+        admin.delete_collection("../quoted/items/x")
+    assert admin.in_collection("quoted").get("x").key == "x"
 
 
 def test_a_losing_promote_keeps_the_alias_and_a_winning_one_switches_it_under_searches(

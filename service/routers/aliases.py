@@ -30,7 +30,7 @@ from vitrieval.index.store import StoreError
 
 from ..answers import AliasList, AliasOut, PromoteResponse
 from ..catalogue import Catalogue, on_folder
-from ..deps import AdminAccess, CatalogueDep, ReadAccess
+from ..deps import AdminAccess, CatalogueDep, ReaderDep
 from ..errors import ApiError, error_responses
 from ..inputs import RequestBody
 from ..operations import operation
@@ -46,10 +46,11 @@ AliasPath = Annotated[
 ]
 
 
-@operation(router, "GET", "", error_responses(400, 401), dependencies=[ReadAccess])
-async def list_aliases(catalogue: CatalogueDep) -> AliasList:
-    """Every alias and the collection it names."""
-    return AliasList(aliases=catalogue.aliases())
+@operation(router, "GET", "", error_responses(400, 401))
+async def list_aliases(catalogue: CatalogueDep, who: ReaderDep) -> AliasList:
+    """The aliases and the collections they name (those the API key may read)."""
+    readable = {a: c for a, c in catalogue.aliases().items() if who.may_read([a, c])}
+    return AliasList(aliases=readable)
 
 
 @ALIAS_BODY.post(

@@ -6,7 +6,8 @@
 - GET /v1/collections/{name} describes one (`name` may be an alias);
 - DELETE /v1/collections/{name} deletes one (admin key; refused while an alias names it).
 
-Every item, search, embed and evaluate route of /v1/... is also served under
+Every route of /v1/... that reads or changes an index (items, search, embed,
+recommend, scroll, duplicates, evaluate, info) is also served under
 /v1/collections/{collection}/... (`in_collection`), addressing that collection; the
 plain /v1/... routes address the default one.
 """
