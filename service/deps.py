@@ -248,7 +248,7 @@ async def reader(
 
 
 # the checks are async (they never block): a sync dependency would cost each request a
-# hop to the thread pool, a third of a millisecond on a busy 2-core host (bench/collections.py)
+# hop to the thread pool, a third of a millisecond on a busy 2-core host (bench/many_collections.py)
 WriteAccess = Depends(require_write_key)
 ReadAccess = Depends(require_read_key)
 AdminAccess = Depends(require_admin_key)

@@ -11,8 +11,8 @@ The collections hold random unit vectors (128-d, Flat) embedded by one tiny expo
 model, so every collection shares one model; the searches send vectors (the model is
 not what is measured). Printed as a table, written to OUT/collections.json.
 
-    .venv/bin/python bench/collections.py --out runs/collections
-    .venv/bin/python bench/collections.py --collections 10 --items 1000   # a quick look
+    .venv/bin/python bench/many_collections.py --out runs/collections
+    .venv/bin/python bench/many_collections.py --collections 10 --items 1000   # a quick look
 """
 
 from __future__ import annotations
