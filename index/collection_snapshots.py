@@ -38,7 +38,7 @@ class StoredSnapshot:
 def take_snapshot(folder: DataFolder, collection: str) -> StoredSnapshot:
     """Snapshot collection `collection` (a name or an alias) beside its writer."""
     name = folder.resolve(collection)
-    directory = folder.path(name)
+    directory = folder.directory(name)
     if is_sharded(directory):
         raise StoreError(f"collection {name!r} is a sharded index: snapshot each shard alone")
     snapshot = new_snapshot_id()

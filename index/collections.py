@@ -55,6 +55,8 @@ DEFAULT_FACTORY = "Flat"
 """A new collection's FAISS factory: exact search, trained on nothing (it starts empty)."""
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 """Collection and alias names: lower-case letters, digits, '_' and '-', 1 to 64."""
+NAME_REGEX = f"^{NAME_PATTERN.pattern}$"
+"""NAME_PATTERN anchored, as OpenAPI and pydantic state a pattern."""
 
 
 class UnknownCollection(StoreError):
@@ -95,7 +97,7 @@ class DataFolder:
 
     def is_collection(self, name: str) -> bool:
         """Whether `name` is a collection (not an alias): one stat, no listing."""
-        return bool(NAME_PATTERN.fullmatch(name)) and is_index(self.root / COLLECTIONS_DIR / name)
+        return bool(NAME_PATTERN.fullmatch(name)) and is_index(self.directory(name))
 
     def resolve(self, name: str) -> str:
         """The collection `name` means: itself, or the one the alias names."""
@@ -107,7 +109,11 @@ class DataFolder:
 
     def path(self, name: str) -> Path:
         """The index folder of collection (or alias) `name`."""
-        return self.root / COLLECTIONS_DIR / self.resolve(name)
+        return self.directory(self.resolve(name))
+
+    def directory(self, collection: str) -> Path:
+        """The index folder of `collection`, a collection's own name (no alias read)."""
+        return self.root / COLLECTIONS_DIR / collection
 
     def model_file(self, file: str) -> Path:
         """A model file under models/ (a plain file name: no folders, no '..')."""
@@ -137,7 +143,7 @@ class DataFolder:
         meta = read_model_metadata(model_path)
         with self._aliases_locked() as aliases:
             self._check_free(name, aliases)
-            path = self.root / COLLECTIONS_DIR / name
+            path = self.directory(name)
             store = IndexStore.create(
                 path,
                 dim=meta.embedding_dim,

@@ -21,7 +21,7 @@ from . import __version__
 from .catalogue import Catalogue, data_folder
 from .errors import install_error_handlers
 from .keys import KeyRing
-from .maintenance import upkeep
+from .maintenance import maintained
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .middleware import LimitsMiddleware, MetricsMiddleware
@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None, state: ServiceState | None = No
             "serving %d items of %s with %s", len(loaded.store), settings.index, settings.model
         )
         try:
-            async with upkeep(loaded):
+            async with maintained(loaded):
                 try:
                     yield
                 finally:

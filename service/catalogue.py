@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,7 +45,7 @@ from vitrieval.index.store import StoreError
 from vitrieval.index.store import manifest as mf
 
 from .errors import ApiError, collection_error, storage_error
-from .maintenance import upkeep
+from .maintenance import maintained
 from .memory import return_large_buffers_to_the_os
 from .metrics import ServiceMetrics
 from .reembed_jobs import ReembedJobs
@@ -189,7 +189,7 @@ class Catalogue:
                     self.settings,
                     self.metrics,
                     model,
-                    self.folder.path(name),
+                    self.folder.directory(name),
                     self.decode_pool,
                     self.decode_budget,
                     owns_decode_pool=False,
@@ -199,7 +199,7 @@ class Catalogue:
                 raise self._failed(name, exc) from None
             self._damaged.pop(name, None)
             closing = contextlib.AsyncExitStack()
-            await closing.enter_async_context(upkeep(state))
+            await closing.enter_async_context(maintained(state))
             closing.push_async_callback(self._give_model, model)
             self._open[name] = opened = OpenCollection(name, state, closing)
             logger.info("opened collection %s: %d items", name, len(state.store))
@@ -213,7 +213,7 @@ class Catalogue:
     async def _take_model(self, name: str) -> ServedModel:
         """The loaded model of collection `name` (loaded from its model copy once per
         fingerprint), counted as used until `_give_model`."""
-        directory = self.folder.path(name)
+        directory = self.folder.directory(name)
         manifest = await asyncio.to_thread(mf.read_manifest, directory)
         entry = manifest.model
         if entry is None or entry.file is None or entry.fingerprint is None:
@@ -320,29 +320,25 @@ class Catalogue:
         """What GET /v1/collections says of collection `name` (not opened for it)."""
         aliases = sorted(a for a, target in self.aliases().items() if target == name)
         entry: dict[str, Any] = {"name": name, "aliases": aliases, "open": name in self._open}
+        damaged = entry | {"status": "damaged", "count": None, "dim": None, "model": None}
         opened = self._open.get(name)
         if name in self._damaged:
-            return entry | {"status": "damaged", "count": None, "dim": None, "model": None}
+            return damaged
         try:
             if opened is not None:
                 store = opened.state.store
                 count, dim = len(store), store.dim
-                damaged = bool(store.damaged_segments())
+                broken = bool(store.damaged_segments())
                 fingerprint = opened.state.embedder.fingerprint
             else:
-                manifest = mf.read_manifest(self.folder.path(name))
-                count, dim, damaged = manifest.count, manifest.dim, False
-                fingerprint = manifest.model.fingerprint if manifest.model else None
+                manifest = mf.read_manifest(self.folder.directory(name))
+                count, dim, broken = manifest.count, manifest.dim, False
+                fingerprint = manifest.fingerprint
         except (StoreError, OSError) as exc:
             logger.error("collection %s cannot be described: %s", name, exc)
-            return entry | {"status": "damaged", "count": None, "dim": None, "model": None}
-        status = "damaged" if damaged else "ok"
+            return damaged
+        status = "damaged" if broken else "ok"
         return entry | {"status": status, "count": count, "dim": dim, "model": fingerprint}
-
-    def listing(self, allowed: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Every collection (or those in `allowed`), described."""
-        names = self.folder.names()
-        return [self.describe(n) for n in names if allowed is None or n in allowed]
 
     def damaged(self) -> dict[str, int]:
         """collection -> damaged segments (-1: it cannot be opened), the damaged only."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import APIKeyHeader
 
-from vitrieval.index.collections import NAME_PATTERN, DataFolder
+from vitrieval.index.collections import NAME_PATTERN, NAME_REGEX, DataFolder
 
 from .answers import API_KEY_HEADER
 from .catalogue import DEFAULT_ALIAS, Catalogue
@@ -37,10 +37,15 @@ _read_key_header = APIKeyHeader(
 )
 
 
+def served_catalogue(request: Request) -> Catalogue | None:
+    """The data folder's collections; None on a server of one model and index."""
+    return getattr(request.app.state, "catalogue", None)
+
+
 async def get_state(request: Request) -> AsyncIterator[ServiceState]:
     """The state of the collection the request addresses (`/v1/collections/{collection}/
     ...`, or the default one), held open until the request ends."""
-    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    catalogue = served_catalogue(request)
     if catalogue is None:
         collection_of(request)  # a 404 for any name but the one collection's
         state: ServiceState | None = getattr(request.app.state, "service", None)
@@ -59,7 +64,7 @@ ServiceDep = Annotated[ServiceState, Depends(get_state)]
 
 async def get_catalogue(request: Request) -> Catalogue:
     """The data folder's collections; a 400 on a server of one model and index."""
-    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    catalogue = served_catalogue(request)
     if catalogue is None:
         raise ApiError(
             400,
@@ -84,10 +89,13 @@ class Addressed:
     jobs: ReembedJobs
 
 
-CollectionPath = Annotated[
-    str, Path(pattern=f"^{NAME_PATTERN.pattern}$", description="a collection, or an alias")
-]
-"""The {collection} of a route's path, checked (422 for a name no collection can have)."""
+def path_name(description: str) -> Any:
+    """A name in a route's path (a collection's or an alias's), checked: a 422 for a
+    name none can have."""
+    return Annotated[str, Path(pattern=NAME_REGEX, description=description)]
+
+
+CollectionPath = path_name("a collection, or an alias")
 
 
 async def addressed(request: Request, collection: CollectionPath) -> Addressed:
@@ -109,7 +117,7 @@ def collection_of(request: Request) -> str:
     if name is not None and not NAME_PATTERN.fullmatch(name):
         # said here: FastAPI reports the path's pattern only once every dependency ran
         raise ApiError(422, "invalid_request", f"{name!r} is not a collection or alias name")
-    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    catalogue = served_catalogue(request)
     if catalogue is not None:
         request.state.collection = catalogue.resolve(name)
         return request.state.collection
@@ -173,7 +181,7 @@ def _addressed(request: Request) -> list[str]:
     it resolves to (a key given an alias follows it to whichever collection it names)."""
     collection = collection_of(request)
     name = request.path_params.get("collection")
-    catalogue: Catalogue | None = getattr(request.app.state, "catalogue", None)
+    catalogue = served_catalogue(request)
     if name is None and catalogue is not None:
         name = catalogue.default_name  # the plain routes go by the default's name
     return [collection] if name in (None, collection) else [name, collection]

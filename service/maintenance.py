@@ -163,7 +163,7 @@ def final_save(state: ServiceState) -> None:
 
 
 @contextlib.asynccontextmanager
-async def upkeep(state: ServiceState) -> AsyncIterator[None]:
+async def maintained(state: ServiceState) -> AsyncIterator[None]:
     """The upkeep of one served index (module docstring) while the block runs; after
     it, stop its duplicate jobs and upkeep, save what the journal holds, close it."""
     tasks = [

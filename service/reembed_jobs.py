@@ -71,7 +71,7 @@ class ReembedJobs(Jobs[ReembedJob]):
 
         def work() -> str:
             report = reembed(
-                folder.path(source),
+                folder.directory(source),
                 building,
                 Embedder(model_path),
                 progress=False,

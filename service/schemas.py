@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vitrieval.index.collections import DEFAULT_FACTORY, NAME_PATTERN, SNAPSHOT_ID
+from vitrieval.index.collections import DEFAULT_FACTORY, NAME_REGEX, SNAPSHOT_ID
 from vitrieval.index.duplicates import DEFAULT_KEEP, KEEP_RULES, check_keep_rule
 from vitrieval.index.fusion import DEFAULT_FUSION, Fusion
 from vitrieval.index.grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
@@ -430,9 +430,7 @@ SNAPSHOT_SOURCE = rf"^({SNAPSHOT_ID.pattern}|s3://[^\s]+)$"
 MAX_FACTORY_LENGTH = 200
 MAX_FILTER_FIELDS = 64
 MAX_METRIC_NAME = 64
-CollectionName = Annotated[
-    str, Field(pattern=f"^{NAME_PATTERN.pattern}$", description="a collection or alias name")
-]
+CollectionName = Annotated[str, Field(pattern=NAME_REGEX, description="a collection or alias name")]
 
 
 class CollectionCreate(Strict):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from vitrieval.index.collections import NAME_PATTERN
+from vitrieval.index.collections import NAME_REGEX
 from vitrieval.index.grouping import MAX_GROUP_SIZE
 from vitrieval.index.query import MAX_AQE_ALPHA, MAX_AQE_NEIGHBOURS
 from vitrieval.index.recommend import MAX_EXAMPLES
@@ -165,7 +165,7 @@ EXPECTED["/v1/duplicates"] = {
     }
     for content_type in (JSON, MULTIPART, URLENCODED)
 }
-NAME = {"pattern": f"^{NAME_PATTERN.pattern}$"}
+NAME = {"pattern": NAME_REGEX}
 EXPECTED["/v1/collections/{collection}"] = {
     content_type: {
         "model": {"maxLength": MAX_FILE_NAME},

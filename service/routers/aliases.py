@@ -19,18 +19,16 @@ someone else meanwhile is left alone (409). The decision is logged.
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi import Path as PathParam
 
-from vitrieval.index.collections import NAME_PATTERN
 from vitrieval.index.promotion import wins
 from vitrieval.index.store import StoreError
 
 from ..answers import AliasList, AliasOut, PromoteResponse
 from ..catalogue import Catalogue, on_folder
-from ..deps import AdminAccess, CatalogueDep, ReaderDep
+from ..deps import AdminAccess, CatalogueDep, ReaderDep, path_name
 from ..errors import ApiError, error_responses
 from ..inputs import RequestBody
 from ..operations import operation
@@ -41,9 +39,7 @@ logger = logging.getLogger("vitrieval.service")
 router = APIRouter(prefix="/v1/aliases", tags=["aliases"])
 ALIAS_BODY = RequestBody(AliasSet, image_field=None)
 PROMOTE_BODY = RequestBody(PromoteRequest, image_field=None)
-AliasPath = Annotated[
-    str, PathParam(pattern=f"^{NAME_PATTERN.pattern}$", description="an alias name")
-]
+AliasPath = path_name("an alias name")
 
 
 @operation(router, "GET", "", error_responses(400, 401))

@@ -14,16 +14,11 @@ plain /v1/... routes address the default one.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, Depends, Request
-from fastapi import Path as PathParam
 from fastapi.routing import APIRoute
 
-from vitrieval.index.collections import NAME_PATTERN
-
 from ..answers import CollectionDeleted, CollectionList, CollectionOut
-from ..deps import AdminAccess, CatalogueDep, CollectionPath, ReaderDep, forbidden
+from ..deps import AdminAccess, CatalogueDep, CollectionPath, ReaderDep, forbidden, path_name
 from ..errors import error_responses
 from ..inputs import RequestBody
 from ..operations import operation
@@ -37,9 +32,7 @@ IN_COLLECTION = "_in_collection"
 `search_in_collection`."""
 
 
-NamePath = Annotated[
-    str, PathParam(pattern=f"^{NAME_PATTERN.pattern}$", description="a collection name")
-]
+NamePath = path_name("a collection name")
 
 
 async def collection_param(collection: CollectionPath) -> str:
@@ -81,9 +74,8 @@ def in_collection(router: APIRouter) -> APIRouter:
 @operation(router, "GET", "", error_responses(400, 401))
 async def list_collections(catalogue: CatalogueDep, who: ReaderDep) -> CollectionList:
     """The collections (those the API key may read)."""
-    names = catalogue.folder.names()
-    readable = [n for n in names if who.may_read([n])]
-    return CollectionList.model_validate({"collections": catalogue.listing(readable)})
+    readable = [n for n in catalogue.folder.names() if who.may_read([n])]
+    return CollectionList.model_validate({"collections": [catalogue.describe(n) for n in readable]})
 
 
 @CREATE_BODY.post(

@@ -13,7 +13,7 @@ from vitrieval.index.store import damage_code
 from .. import __version__
 from ..answers import InfoResponse, Status
 from ..catalogue import Catalogue
-from ..deps import ReadAccess, ServiceDep
+from ..deps import ReadAccess, ServiceDep, served_catalogue
 from ..errors import error_responses
 from ..metrics import CONTENT_TYPE
 from ..upkeep import CHECKPOINT_STALLED
@@ -40,7 +40,7 @@ async def readyz(request: Request) -> Any:
     says why); 503 "loading" or "failing". Status and reason codes only: the details,
     which name files, are in the log. A data folder server is ready once started, also
     with no collections; a damaged collection makes it "degraded" (the others serve)."""
-    catalogue = getattr(request.app.state, "catalogue", None)
+    catalogue = served_catalogue(request)
     if catalogue is not None:
         return _catalogue_ready(catalogue)
     state = getattr(request.app.state, "service", None)
