@@ -110,24 +110,14 @@ def create_data_app(settings: Settings, catalogue: Catalogue | None = None) -> F
 def build_app(settings: Settings, metrics: ServiceMetrics, lifespan: Lifespan) -> FastAPI:
     """The service's routes, error handlers and request edge (middleware) around
     `lifespan`, which puts the served state in `app.state.service` and sets `ready`:
-    `create_app`'s for a model and index loaded in this process, the Ray Serve
-    ingress's (distributed.serve) for deployments elsewhere."""
-
-    @contextlib.asynccontextmanager
-    async def serving(app: FastAPI) -> AsyncIterator[None]:
-        async with lifespan(app):
-            try:
-                yield
-            finally:  # before the index closes: a job reads it to its last call
-                service = getattr(app.state, "service", None)
-                if service is not None:
-                    await service.duplicate_jobs.stop()
-
+    `create_app`'s for a model and index loaded in this process (`create_data_app`'s
+    for a data folder), the Ray Serve ingress's (distributed.serve) for deployments
+    elsewhere. Each stops the duplicates jobs of what it serves before closing it."""
     app = FastAPI(
         title="vitrieval",
         version=__version__,
         summary="Find similar images: search, embed, manage items and evaluate retrieval.",
-        lifespan=serving,
+        lifespan=lifespan,
         # served by routers/docs.py from local assets: FastAPI's pages load a CDN
         docs_url=None,
         redoc_url=None,

@@ -338,6 +338,7 @@ class Ingress:
         finally:
             state.ready = False
             metrics.ready.set(0)
+            await state.duplicate_jobs.stop()  # a job reads the index to its last call
             stats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await stats
