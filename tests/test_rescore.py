@@ -37,7 +37,8 @@ def test_rescored_hits_are_the_exact_top_k_of_the_codes_candidates(tmp_path, dat
         got = as_pairs(store.search(q, K, oversample=oversample))
         for query, candidates, hits in zip(q, codes, got, strict=True):
             ids = np.asarray(sorted(i for i, _ in candidates), np.int64)
-            expected = exact_top_k(query[None, :], ids, x[ids], K)[0]
+            top_ids, top_scores = exact_top_k(query[None, :], ids, x[ids], K)[0]
+            expected = list(zip(top_ids.tolist(), top_scores.tolist(), strict=True))
             assert hits == expected  # same items, order, scores (the Flat kernel's)
 
 
@@ -152,3 +153,28 @@ def test_the_vectors_file_is_mapped_as_saved(tmp_path) -> None:
     np.save(tmp_path / "f.npy", np.asfortranarray(x))
     with pytest.raises(ValueError, match="Fortran-ordered"):
         MappedVectors(tmp_path / "f.npy")
+
+
+def test_unordered_candidates_are_the_ordered_top_k_as_a_set() -> None:
+    # re-scoring asks its codes for a set of candidates (ordered=False), which a glance
+    # at the k-th and (k + 1)-th scores settles when they differ; with tied codes at
+    # that place (coarse SQ4 codes of many copies) it must pick the same ids as the
+    # ordered search, which settles ties by ascending id
+    from vitrieval.index.store._vectors import NO_IDS, VectorIndex
+
+    rng = np.random.default_rng(5)
+    x = with_duplicates(exact_vectors(rng, 400, 16), copies=6, originals=60)
+    index = VectorIndex.create(16, "IVF4,SQ4", "cpu")
+    index.train(x)
+    index.add(x, np.arange(len(x), dtype=np.int64))
+    index.set_parameter("nprobe", 4)
+    q = np.concatenate([x[:20], exact_vectors(rng, 20, 16)])
+    glanced = 0
+    for k in (1, 5, 13, 40, len(x), len(x) + 3):
+        ordered = index.top_k_arrays(q, k, allowed=None, blocked=NO_IDS)
+        unordered = index.top_k_arrays(q, k, allowed=None, blocked=NO_IDS, ordered=False)
+        for (ids, scores), (got_ids, got_scores) in zip(ordered, unordered, strict=True):
+            assert sorted(got_ids.tolist()) == sorted(ids.tolist())
+            assert got_scores.tolist() == sorted(got_scores.tolist(), reverse=True)
+            glanced += got_ids.tolist() != ids.tolist()
+    assert glanced  # some answers came back in FAISS's order, not re-sorted by id

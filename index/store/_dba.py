@@ -36,7 +36,7 @@ import numpy as np
 from ..atomic import atomic_path
 from ..rerank import dba_vectors
 from . import manifest as mf
-from ._vectors import exact_top_k
+from ._vectors import TopK, exact_top_k, merge_top_k
 from .errors import StoreError
 
 MAX_DBA_NEIGHBOURS = 64
@@ -71,12 +71,10 @@ class DbaIndex:
         for named in (self.entry.ids, self.entry.vectors):
             mf.verify_file(directory, named.name, named.checksum)
 
-    def top_k(
-        self, q: np.ndarray, k: int, allowed: np.ndarray | None, blocked: np.ndarray
-    ) -> list[list[tuple[int, float]]]:
-        """Exact top k (id, score) per query against the DBA vectors, among `allowed`
-        (sorted ids; None: every item) less `blocked`, ranked as segments rank."""
-        found: list[list[tuple[int, float]]] = [[] for _ in range(len(q))]
+    def top_k(self, q: np.ndarray, k: int, allowed: np.ndarray | None, blocked: np.ndarray) -> TopK:
+        """Exact top k per query against the DBA vectors, among `allowed` (sorted ids;
+        None: every item) less `blocked`, ranked as segments rank."""
+        found: list[TopK] = [[] for _ in range(len(q))]
         for start in range(0, len(self.ids), _SCAN_ROWS):
             ids = self.ids[start : start + _SCAN_ROWS]
             keep = np.ones(len(ids), dtype=bool)
@@ -89,8 +87,8 @@ class DbaIndex:
                 continue
             block = np.asarray(self.vectors[start : start + _SCAN_ROWS][rows])
             for row, hits in zip(found, exact_top_k(q, ids[rows], block, k), strict=True):
-                row.extend(hits)
-        return [sorted(row, key=lambda t: (-t[1], t[0]))[:k] for row in found]
+                row.append(hits)
+        return [merge_top_k(row, k) for row in found]
 
     def close(self) -> None:
         self.ids = self.vectors = np.empty(0)  # drop the memory maps

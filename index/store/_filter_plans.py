@@ -29,7 +29,7 @@ import numpy as np
 
 from . import _field_index as fx
 from ._columns import SegmentColumns
-from .filters import Filter, Match, Range
+from .filters import FieldRef, Filter, Match, Range
 
 EXACT_SEARCH_MAX = 20_000
 """Filters allowing at most this many items of a segment are searched exactly..."""
@@ -156,8 +156,6 @@ def _condition(condition: Filter | Match | Range, leaf_ids: Callable) -> IdSet:
 
 def with_label(flt: Filter | None, label: str | None) -> Filter | None:
     """`flt` and "the item's label is `label`" (the search's older label argument)."""
-    from .filters import FieldRef
-
     if label is None:
         return None if flt is None or flt.empty else flt
     by_label = Match(FieldRef(label=True, path=()), (str(label),))

@@ -41,10 +41,10 @@ CREATE INDEX IF NOT EXISTS items_live_label ON items(label) WHERE deleted = 0;
 """
 COLUMNS = ("id", "key", "label", "path", "metadata", "vector", "deleted")
 VECTOR_DTYPE = np.dtype("<f4")  # explicit little-endian: the file is portable
-_IN_CHUNK = 500  # ids per "IN (...)" query, far below SQLite's variable limit
+IN_CHUNK = 500  # ids per "IN (...)" query, far below SQLite's variable limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a search makes one per hit
 class Hit:
     """One search result: the item's key, its inner-product score and its metadata."""
 
@@ -97,12 +97,14 @@ class Row:
     vector: np.ndarray
 
 
-def _chunks(values: Sequence[Any], size: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
+def chunks(values: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[Any]]:
+    """`values` in slices of at most `size`: one `IN (...)` statement each."""
     for start in range(0, len(values), size):
         yield values[start : start + size]
 
 
-def _placeholders(n: int) -> str:
+def placeholders(n: int) -> str:
+    """The `?, ?, ...` of an `IN (...)` of n values."""
     return ",".join("?" * n)
 
 
@@ -179,8 +181,8 @@ class ItemTable:
     def live_ids(self, keys: Sequence[str]) -> dict[str, int]:
         """key -> id for those of `keys` that are live."""
         found: dict[str, int] = {}
-        for chunk in _chunks(keys):
-            marks = _placeholders(len(chunk))
+        for chunk in chunks(keys):
+            marks = placeholders(len(chunk))
             sql = f"SELECT key, id FROM items WHERE deleted = 0 AND key IN ({marks})"
             found.update(self.conn.execute(sql, tuple(chunk)))
         return found
@@ -210,15 +212,15 @@ class ItemTable:
             fx.insert_fields(self.conn, ((r.id, r.metadata) for r in rows), self.fields)
 
     def delete_rows(self, ids: Sequence[int]) -> None:
-        for chunk in _chunks(ids):
-            marks = _placeholders(len(chunk))
+        for chunk in chunks(ids):
+            marks = placeholders(len(chunk))
             self.conn.execute(f"DELETE FROM items WHERE id IN ({marks})", tuple(chunk))
             if self.fields is not fx.NOTHING:
                 self.conn.execute(f"DELETE FROM fields WHERE id IN ({marks})", tuple(chunk))
 
     def mark_deleted(self, ids: Sequence[int]) -> None:
-        for chunk in _chunks(ids):
-            sql = f"UPDATE items SET deleted = 1 WHERE id IN ({_placeholders(len(chunk))})"
+        for chunk in chunks(ids):
+            sql = f"UPDATE items SET deleted = 1 WHERE id IN ({placeholders(len(chunk))})"
             self.conn.execute(sql, tuple(chunk))
 
     def purge_deleted(self) -> None:
@@ -252,10 +254,10 @@ class ItemTable:
         """id -> (key, label, path, metadata JSON) for `ids` (any order, duplicates fine)."""
         unique = sorted(set(ids))
         found: dict[int, tuple[str, str | None, str | None, str]] = {}
-        for chunk in _chunks(unique):
+        for chunk in chunks(unique):
             sql = (
                 "SELECT id, key, label, path, metadata FROM items "
-                f"WHERE id IN ({_placeholders(len(chunk))})"
+                f"WHERE id IN ({placeholders(len(chunk))})"
             )
             for item_id, key, label, path, metadata in self.conn.execute(sql, tuple(chunk)):
                 found[item_id] = (key, label, path, metadata)
@@ -268,8 +270,8 @@ class ItemTable:
     def vectors_of(self, ids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, float32 (m, dim) vectors) of the items among `ids`, in id order."""
         found: list[tuple[int, bytes]] = []
-        for chunk in _chunks(ids.tolist()):
-            sql = f"SELECT id, vector FROM items WHERE id IN ({_placeholders(len(chunk))})"
+        for chunk in chunks(ids.tolist()):
+            sql = f"SELECT id, vector FROM items WHERE id IN ({placeholders(len(chunk))})"
             found.extend(self.conn.execute(sql, tuple(chunk)))
         found.sort()
         blob = b"".join(row[1] for row in found)

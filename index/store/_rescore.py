@@ -16,33 +16,35 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
+from ._vectors import NO_HITS, TopK
 from .segment_contract import Segment
 
-Pairs = list[list[tuple[int, float]]]
-"""Per query, (item id, score) pairs best first."""
 
-
-def rescored(segment: Segment, queries: np.ndarray, candidates: list[np.ndarray], k: int) -> Pairs:
-    """Each query's `candidates` (int64 item ids from the segment's codes) ranked by
-    their exact scores <q, x> against the segment's stored vectors: per query of
-    float32 (q, d) `queries`, its top `k` (id, exact score), ties by ascending id."""
-    width = max((row.size for row in candidates), default=0)
-    if width == 0:
-        return [[] for _ in candidates]
-    ids = np.full((len(candidates), width), -1, dtype=np.int64)
-    for row, found in enumerate(candidates):
-        ids[row, : found.size] = found
+def rescored(segment: Segment, queries: np.ndarray, candidates: TopK, k: int) -> TopK:
+    """Each query's `candidates` (its codes' TopK row; the codes' scores are not read)
+    ranked by their exact scores <q, x> against the segment's stored vectors: per query
+    of float32 (q, d) `queries`, its top `k` by exact score, ties by ascending id."""
+    if len(candidates) == 1:  # one query, the usual case: no padded matrix
+        ids = candidates[0][0][None, :]
+    else:
+        width = max((found.size for found, _ in candidates), default=0)
+        ids = np.full((len(candidates), width), -1, dtype=np.int64)
+        for row, (found, _) in enumerate(candidates):
+            ids[row, : found.size] = found
+    if ids.size == 0:
+        return [NO_HITS] * len(candidates)
     # each candidate's row in the stored vectors; -1 (padding, or an item the segment
-    # no longer holds) scores -inf and is dropped below
+    # no longer holds) scores -inf, sorts last and is dropped below
     base, rows = segment.exact_rows(ids)
     scores = inner_products_by_row(queries, base, rows)
-    results: Pairs = []
-    for row in range(len(candidates)):
-        keep = rows[row] >= 0
-        item_ids, item_scores = ids[row, keep], scores[row, keep]
+    results: TopK = []
+    for item_ids, item_scores in zip(ids, scores, strict=True):
         order = np.lexsort((item_ids, -item_scores))[:k]
-        best = zip(item_ids[order].tolist(), item_scores[order].tolist(), strict=True)
-        results.append(list(best))
+        top_ids, top_scores = item_ids[order], item_scores[order]
+        if top_scores.size and top_scores[-1] == -np.inf:  # fewer than k held: drop the rest
+            held = top_scores > -np.inf
+            top_ids, top_scores = top_ids[held], top_scores[held]
+        results.append((top_ids, top_scores))
     return results
 
 

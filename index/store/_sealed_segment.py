@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import sqlite3
@@ -42,7 +43,7 @@ from . import _columns as cl
 from . import _field_index as fx
 from . import manifest as mf
 from ._filter_plans import leaf_ids, positions
-from ._items import ItemRecord
+from ._items import IN_CHUNK, ItemRecord, chunks, placeholders
 from ._mapped_vectors import MappedVectors
 from ._memory_segment import SegmentRow
 from ._vectors import VectorIndex, core_index
@@ -72,11 +73,6 @@ _ITEMS_INDEXES = (
     "CREATE INDEX items_key ON items(key)",
     "CREATE INDEX items_label ON items(label)",
 )
-_IN_CHUNK = 500
-
-
-def _placeholders(n: int) -> str:
-    return ",".join("?" * n)
 
 
 def stores_vectors_in_faiss(factory: str) -> bool:
@@ -108,6 +104,7 @@ class SealedSegment:
         has_columns = columns in entry.files
         self.columns = cl.read_columns(directory / columns) if has_columns else cl.NO_COLUMNS
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
+        self._id_span: tuple[int, int] | None = None  # _id_range, worked out when needed
         self._mapped: MappedVectors | None = None  # the vectors file (not for "Flat")
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         self.committed_tombstones = self._read_tombstones()
@@ -115,8 +112,7 @@ class SealedSegment:
         self.live_count = entry.rows - len(self.committed_tombstones)
         self.damaged: str | None = None  # why a verification failed: out of service
         # what each file was when opened: a search stats them first (changed_on_disk)
-        self._folder = str(directory)
-        self._identity = {name: file_identity(directory / name) for name in entry.listed_files()}
+        self._watch({name: file_identity(directory / name) for name in entry.listed_files()})
 
     # -- opening ---------------------------------------------------------------------
 
@@ -142,6 +138,9 @@ class SealedSegment:
             db = sqlite3.connect(
                 f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False
             )
+            # read through a memory map, not a read() per page: a search's hits are a
+            # few random rows, and a page in the page cache is then no system call
+            db.execute(f"PRAGMA mmap_size={path.stat().st_size}")
             # the schema only: counting the rows would read the whole table
             columns = [row[1] for row in db.execute("PRAGMA table_info(items)")]
         except sqlite3.DatabaseError as exc:
@@ -196,9 +195,7 @@ class SealedSegment:
         replaced: their size, inode, device or mtime differ), or None. A stat a file:
         searches call it first, as a memory-mapped file truncated under FAISS would
         kill the process (SIGBUS) at the next read of a page past its new end."""
-        folder = self._folder  # a string join: a Path per file per search costs more
-        for name, seen in list(self._identity.items()):
-            path = os.path.join(folder, name)
+        for path, seen in self._watched:
             try:
                 now = file_identity(path)
             except FileNotFoundError:
@@ -219,7 +216,15 @@ class SealedSegment:
             identity.pop(self.entry.tombstones.name, None)
         identity[tombstones.name] = file_identity(self.directory / tombstones.name)
         self.entry = mf.SegmentEntry(self.number, self.entry.rows, self.entry.files, tombstones)
+        self._watch(identity)
+
+    def _watch(self, identity: dict[str, tuple[int, int, int, int]]) -> None:
+        """Record what each file was (name -> file_identity): changed_on_disk compares."""
         self._identity = identity
+        # replaced whole, never changed in place: searches read it unlocked; paths as
+        # strings, joined once (a join per file per search costs more than its stat)
+        folder = str(self.directory)
+        self._watched = tuple((os.path.join(folder, n), seen) for n, seen in identity.items())
 
     # -- state -----------------------------------------------------------------------
 
@@ -238,10 +243,14 @@ class SealedSegment:
 
     # -- reads -----------------------------------------------------------------------
 
-    def _select(self, sql: str, values: Sequence) -> Iterator[tuple]:
-        for start in range(0, len(values), _IN_CHUNK):
-            chunk = tuple(values[start : start + _IN_CHUNK])
-            yield from self._db.execute(sql.format(marks=_placeholders(len(chunk))), chunk)
+    def _select(self, sql: str, values: Sequence) -> Iterable[tuple]:
+        """The rows of `sql`, whose `{marks}` is an `IN (...)` list of `values`."""
+        if len(values) <= IN_CHUNK:  # a search's hits: one statement, no generator
+            return self._db.execute(sql.format(marks=placeholders(len(values))), tuple(values))
+        return itertools.chain.from_iterable(
+            self._db.execute(sql.format(marks=placeholders(len(chunk))), tuple(chunk))
+            for chunk in chunks(values)
+        )
 
     def live_ids(self, keys: Sequence[str]) -> dict[str, int]:
         dead = self.tombstones
@@ -272,7 +281,7 @@ class SealedSegment:
 
     def describe(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, str | None, str]]:
         sql = "SELECT id, key, label, path, metadata FROM items WHERE id IN ({marks})"
-        return {row[0]: row[1:] for row in self._select(sql, sorted(set(ids)))}
+        return {row[0]: row[1:] for row in self._select(sql, ids)}  # SQLite sorts the IN list
 
     def filter_ids(self, leaf: Match | Range) -> np.ndarray:
         """Sorted ids of the segment's items (tombstoned ones too) where `leaf` holds,
@@ -296,7 +305,7 @@ class SealedSegment:
             checksum = mf.sha256_file(tmp)
         files = {**self.entry.files, name: checksum}
         self.entry = mf.SegmentEntry(self.number, self.entry.rows, files, self.entry.tombstones)
-        self._identity = {**self._identity, name: file_identity(self.directory / name)}
+        self._watch({**self._identity, name: file_identity(self.directory / name)})
         self.columns = cl.read_columns(self.directory / name)
 
     def exact_vectors(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -310,14 +319,28 @@ class SealedSegment:
         """(the memory-mapped float32 (rows, dim) vectors file itself, int64 rows shaped
         as `ids`: each id's row in it, -1 where the segment does not hold it). No row
         is read here: a caller reads only the rows it scores."""
-        row_ids = self.row_ids()
-        first = int(row_ids[0]) if row_ids.size else 0
-        if row_ids.size and int(row_ids[-1]) - first + 1 == row_ids.size:
-            # one unbroken id range (a segment sealed from one run of adds, the usual
-            # case): an item's row is its id less the first, no search over the rows
-            rows = ids - first
-            return self._raw, np.where((rows >= 0) & (rows < row_ids.size), rows, -1)
-        return self._raw, positions(row_ids, ids)
+        first, count = self._id_range()
+        if count < 0:
+            return self._raw, positions(self.row_ids(), ids)
+        # one unbroken id range (a segment sealed from one run of adds, the usual
+        # case): an item's row is its id less the first, no search over the rows
+        rows = ids - first
+        # every id held: no copy (the ufuncs' own reductions: ndarray.min and .max go
+        # through Python wrappers, which a search pays for)
+        held = rows.size and np.minimum.reduce(rows, axis=None) >= 0
+        if held and np.maximum.reduce(rows, axis=None) < count:
+            return self._raw, rows
+        return self._raw, np.where((rows >= 0) & (rows < count), rows, -1)
+
+    def _id_range(self) -> tuple[int, int]:
+        """(first id, rows) when the rows hold the ids first, first + 1, ... in turn,
+        else (0, -1); read once, as a sealed segment's rows never change."""
+        if self._id_span is None:
+            row_ids = self.row_ids()
+            first = int(row_ids[0]) if row_ids.size else 0
+            unbroken = not row_ids.size or int(row_ids[-1]) - first + 1 == row_ids.size
+            self._id_span = (first, row_ids.size) if unbroken else (0, -1)
+        return self._id_span
 
     def row_ids(self) -> np.ndarray:
         """Item ids in row order (sorted: rows are in id order, tombstoned ones too),

@@ -18,9 +18,9 @@ import numpy as np
 
 from . import _filter_plans as filtering
 from ._memory_segment import hit
-from ._rescore import Pairs, rescored
+from ._rescore import rescored
 from ._state import StoreState
-from ._vectors import exact_top_k
+from ._vectors import NO_HITS, NO_IDS, TopK, exact_top_k, merge_top_k
 from .errors import StoreError
 from .filters import Filter, parse_filter
 from .request import DEFAULT_OVERSAMPLE, Query, Ranked
@@ -49,30 +49,55 @@ def ranked_search(state: StoreState, query: Query) -> Ranked:
     flt = query.where.allowed
     if augmented:
         return query.page(_augmented_search(state, q, int(k), flt, exclude_keys))
-    merged: list[list[tuple[float, int, Segment]]] = [[] for _ in range(len(q))]
     oversample = query.oversample or state.oversample or DEFAULT_OVERSAMPLE
+    found: list[tuple[Segment, TopK]] = []
     with state.lock:
         excluded = state.locate(list(exclude_keys)) if exclude_keys else []
         for segment in state.serving():
             if segment.live_count == 0:
                 continue
-            blocked = [i for s, ids in excluded if s is segment for i in ids.values()]
-            blocked_ids = np.asarray(sorted(blocked), np.int64)
+            blocked_ids = _excluded_in(segment, excluded) if excluded else NO_IDS
             rescoring = query.rescore and not segment.vectors.scores_exact
-            pairs = _segment_top_k(
+            top = _segment_top_k(
                 segment, q, int(k), flt, blocked_ids, oversample if rescoring else None
             )
-            for row, found in zip(merged, pairs, strict=True):
-                row.extend((score, item, segment) for item, score in found)
-        results = []
-        for row in merged:
-            row.sort(key=lambda t: (-t[0], t[1]))
-            top = row[: int(k)]
-            described: dict[int, Any] = {}
-            for segment in {id(s): s for _, _, s in top}.values():
-                described.update(segment.describe([i for _, i, s in top if s is segment]))
-            results.append([(i, hit(described[i], score)) for score, i, _ in top])
-    return query.page(results)
+            found.append((segment, top))
+        merged = [merge_top_k([top[row] for _, top in found], int(k)) for row in range(len(q))]
+        described = _described(found, merged)
+    return query.page(_hits(merged, described))
+
+
+def _excluded_in(segment: Segment, excluded: list[tuple[Segment, dict[str, int]]]) -> np.ndarray:
+    """Sorted int64 ids of the left-out items `segment` holds (`state.locate`'s answer)."""
+    ids = [i for holder, found in excluded if holder is segment for i in found.values()]
+    return np.asarray(sorted(ids), np.int64) if ids else NO_IDS
+
+
+def _hits(merged: TopK, described: dict[int, Any]) -> Ranked:
+    """Per query, its (item id, Hit) pairs best first."""
+    return [
+        [(i, hit(described[i], score)) for i, score in zip(ids.tolist(), top.tolist(), strict=True)]
+        for ids, top in merged
+    ]
+
+
+def _described(found: list[tuple[Segment, TopK]], merged: TopK) -> dict[int, Any]:
+    """item id -> its described row, for every id in the `merged` answers: one read per
+    segment that holds any of them (`found`: each segment's own answers)."""
+    if not merged:
+        return {}
+    if len(found) == 1:
+        if len(merged) == 1:  # one query, one segment: the usual search
+            return found[0][0].describe(merged[0][0].tolist())
+        return found[0][0].describe(np.concatenate([ids for ids, _ in merged]).tolist())
+    top = np.concatenate([ids for ids, _ in merged])
+    described: dict[int, Any] = {}
+    for segment, answers in found:
+        own = np.concatenate([ids for ids, _ in answers]) if answers else NO_IDS
+        held = own[np.isin(own, top)]
+        if held.size:
+            described.update(segment.describe(held.tolist()))
+    return described
 
 
 def _augmented_search(
@@ -123,14 +148,9 @@ def _augmented_search(
                 blocked = filtering.union(blocked, found.ids)
             else:
                 allowed = found.ids
-        pairs = dba.top_k(q, k, allowed, blocked)
-        results = []
-        for row in pairs:
-            described: dict[int, Any] = {}
-            for segment in segments:
-                described.update(segment.describe([i for i, _ in row]))
-            results.append([(i, hit(described[i], score)) for i, score in row])
-    return results
+        merged = dba.top_k(q, k, allowed, blocked)
+        described = _described([(s, merged) for s in segments], merged)
+    return _hits(merged, described)
 
 
 def _union(parts: list[np.ndarray]) -> np.ndarray:
@@ -154,19 +174,21 @@ def _segment_top_k(
     flt: Filter | None,
     blocked: np.ndarray,
     oversample: int | None = None,
-) -> list[list[tuple[int, float]]]:
+) -> TopK:
     """One segment's top k for each query. `oversample`: its FAISS search takes the
     codes' top oversample x k and those are re-scored by the exact vectors
     (_rescore.py); a small filtered subset is searched exactly either way."""
     index = segment.searched()
-    dead = segment.dead_ids()
-    blocked = filtering.union(blocked, dead) if dead.size else blocked
+    if segment.live_count < segment.ntotal:  # some of its items are tombstoned
+        blocked = filtering.union(blocked, segment.dead_ids())
 
-    def searched(allowed: np.ndarray | None, blocked: np.ndarray, widen: float = 1.0) -> Pairs:
+    def searched(allowed: np.ndarray | None, blocked: np.ndarray, widen: float = 1.0) -> TopK:
         if oversample is None:
-            return index.top_k(q, k, allowed=allowed, blocked=blocked, widen=widen)
-        wide = index.top_k_arrays(q, k * oversample, allowed=allowed, blocked=blocked, widen=widen)
-        return rescored(segment, q, [ids for ids, _ in wide], k)
+            return index.top_k_arrays(q, k, allowed=allowed, blocked=blocked, widen=widen)
+        wide = index.top_k_arrays(
+            q, k * oversample, allowed=allowed, blocked=blocked, widen=widen, ordered=False
+        )
+        return rescored(segment, q, wide, k)
 
     if flt is None:
         return searched(None, blocked)
@@ -179,7 +201,7 @@ def _segment_top_k(
         return searched(None, blocked, _widening(segment, q, k, allowed, matches))
     ids = filtering.difference(allowed.ids, blocked)
     if ids.size == 0:
-        return [[] for _ in range(len(q))]
+        return [NO_HITS] * len(q)
     exact_max = filtering.EXACT_SEARCH_MAX
     if segment.vectors.exact:
         exact_max = min(exact_max, filtering.EXACT_SEARCH_MAX_FLAT)

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import faiss
 import numpy as np
@@ -42,6 +41,17 @@ MAX_FILTERED_EF_SEARCH = 4096  # the widest a filtered HNSW search explores
 Selector = faiss.IDSelector
 FAISS_PARAMS = ("nprobe", "efSearch")  # the search settings FAISS itself keeps
 OVERSAMPLE = "oversample"  # the store's own search setting (re-scoring, _rescore.py)
+NO_IDS = np.empty(0, dtype=np.int64)
+NO_IDS.flags.writeable = False  # shared ("no ids blocked", "no hits"): never written
+_NO_SCORES = np.empty(0, dtype=np.float32)
+_NO_SCORES.flags.writeable = False
+NO_HITS = (NO_IDS, _NO_SCORES)
+"""A query's TopK row when nothing was found."""
+
+TopK = list[tuple[np.ndarray, np.ndarray]]
+"""Per query, its hits best first (descending score, ties by ascending id) as int64
+(m,) ids and float32 (m,) scores: arrays, so that merging and re-scoring create no
+Python object per candidate."""
 
 
 def suggest_factory(n: int, dim: int) -> str:
@@ -154,7 +164,7 @@ class VectorIndex:
     """
 
     def __init__(self, index: faiss.Index, gpu: str) -> None:
-        self.cpu = index
+        self.cpu = index  # the property below: its kind is read once here
         self.gpu_mode = gpu
         self._want_gpu = check_gpu_mode(gpu)
         if gpu == "auto" and not self._want_gpu:
@@ -193,27 +203,41 @@ class VectorIndex:
     # -- properties -------------------------------------------------------------------
 
     @property
+    def cpu(self) -> faiss.Index:
+        """The CPU index (what is saved, and searched without a GPU)."""
+        return self._cpu
+
+    @cpu.setter
+    def cpu(self, index: faiss.Index) -> None:
+        # what kind of index it is, worked out once: searches ask on every call, and
+        # training or rebuilding replaces it with one of the same kind
+        self._cpu = index
+        core = core_index(index)
+        self._exact = isinstance(core, faiss.IndexFlat)
+        if isinstance(core, faiss.IndexHNSW):
+            self._scores_exact = isinstance(faiss.downcast_index(core.storage), faiss.IndexFlat)
+        else:
+            self._scores_exact = isinstance(core, faiss.IndexFlat | faiss.IndexIVFFlat)
+
+    @property
     def ntotal(self) -> int:
-        return int(self.cpu.ntotal)
+        return int(self._cpu.ntotal)
 
     @property
     def is_trained(self) -> bool:
-        return bool(self.cpu.is_trained)
+        return bool(self._cpu.is_trained)
 
     @property
     def exact(self) -> bool:
         """Whether a search here is exhaustive and exact (a flat float32 index)."""
-        return isinstance(core_index(self.cpu), faiss.IndexFlat)
+        return self._exact
 
     @property
     def scores_exact(self) -> bool:
         """Whether its scores are the float32 inner products (Flat, IVF-Flat, HNSW over
         flat storage); an index that scores from codes (PQ, SQ, a transform) does not,
         and its candidates are worth re-scoring (_rescore.py)."""
-        core = core_index(self.cpu)
-        if isinstance(core, faiss.IndexHNSW):
-            return isinstance(faiss.downcast_index(core.storage), faiss.IndexFlat)
-        return isinstance(core, faiss.IndexFlat | faiss.IndexIVFFlat)
+        return self._scores_exact
 
     @property
     def removable(self) -> bool:
@@ -321,7 +345,7 @@ class VectorIndex:
             logger.info("could not set nprobe on the GPU index: %s", faiss_reason(exc))
 
     def _search_target(self, fetch: int) -> tuple[faiss.Index, str]:
-        if self._gpu is None and self.ntotal:
+        if self._gpu is None and self._want_gpu and self.ntotal:
             self._gpu = self._to_gpu()
         if self._gpu is not None and fetch <= GPU_MAX_K:
             return self._gpu, "gpu"
@@ -368,11 +392,6 @@ class VectorIndex:
                 self._selectors[where] = False
         return search(queries, fetch)
 
-    def top_k(self, queries: np.ndarray, k: int, **selection: Any) -> list[list[tuple[int, float]]]:
-        """`top_k_arrays` (its `allowed`, `blocked` and `widen`) as (id, score) pairs."""
-        found = self.top_k_arrays(queries, k, **selection)
-        return [list(zip(ids.tolist(), scores.tolist(), strict=True)) for ids, scores in found]
-
     def top_k_arrays(
         self,
         queries: np.ndarray,
@@ -381,40 +400,51 @@ class VectorIndex:
         allowed: np.ndarray | None,
         blocked: np.ndarray,
         widen: float = 1.0,
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per query, up to k ids by descending score, ties by ascending id: int64 (m,)
-        ids and float32 (m,) scores, m <= k (arrays: re-scoring reads them with no
-        Python pair per candidate).
+        ordered: bool = True,
+    ) -> TopK:
+        """Per query, up to k ids by descending score, ties by ascending id (TopK).
+        `ordered=False`: the same k ids (a tie at the k-th place settled by id, as
+        ever), in FAISS's order: by descending score, equal scores in any order (what
+        re-scoring asks for: it orders them itself).
 
         queries: float32 (q, dim). allowed: sorted int64 ids that may be returned (None:
         all); blocked: int64 ids that never may (tombstones, exclusions). widen: how much
         wider than its own nprobe / efSearch an IVF or HNSW search looks (a filter's
         1 / selectivity, _filter_plans.py).
         """
-        none = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
-        results = [none] * len(queries)
+        results = [NO_HITS] * len(queries)
         if allowed is not None:
             allowed = difference(allowed, blocked)
             if allowed.size == 0:
                 return results
-        candidates = self.ntotal if allowed is None else allowed.size
-        if self.ntotal == 0 or candidates == 0:
+        ntotal = self.ntotal
+        candidates = ntotal if allowed is None else allowed.size
+        if ntotal == 0 or candidates == 0:
             return results
         selector, keep = _selector(allowed, blocked)
+        glance = not ordered and keep is None
         fetch = self._initial_fetch(k, candidates, blocked.size, selector)
-        pending = np.arange(len(queries))
-        while pending.size:
-            scores, ids = self.raw_search(queries[pending], fetch, selector, widen)
-            kept = keep(ids) & (ids >= 0)
+        pending = range(len(queries))
+        batch = queries
+        while pending:
+            scores, ids = self.raw_search(batch, fetch, selector, widen)
+            kept = None
             unfinished = []
             for row, query in enumerate(pending):
-                hits = _finish_row(scores[row], ids[row], kept[row], k, fetch, self.ntotal)
+                hits = _unordered_row(scores[row], ids[row], k, fetch, ntotal) if glance else None
+                if hits is None:
+                    if kept is None:  # the glance did not settle it: the full check
+                        kept = ids >= 0 if keep is None else keep(ids) & (ids >= 0)
+                    hits = _finish_row(scores[row], ids[row], kept[row], k, fetch, ntotal)
                 if hits is None:
                     unfinished.append(query)
                 else:
                     results[query] = hits
-            pending = np.asarray(unfinished, dtype=np.int64)
-            fetch = min(self.ntotal, fetch * 2)
+            if not unfinished:
+                break
+            pending = unfinished
+            batch = queries[np.asarray(unfinished, dtype=np.int64)]
+            fetch = min(ntotal, fetch * 2)
         return results
 
     def _initial_fetch(self, k: int, candidates: int, n_blocked: int, selector: object) -> int:
@@ -427,15 +457,16 @@ class VectorIndex:
 
 def _selector(
     allowed: np.ndarray | None, blocked: np.ndarray
-) -> tuple[Selector | None, Callable[[np.ndarray], np.ndarray]]:
-    """An IDSelector for FAISS and the same rule as a numpy mask for post-filtering."""
+) -> tuple[Selector | None, Callable[[np.ndarray], np.ndarray] | None]:
+    """An IDSelector for FAISS and the same rule as a numpy mask for post-filtering
+    (None, None: every id is kept)."""
     if allowed is not None:
         return _id_selector(allowed), lambda ids: contains(allowed, ids)
     if blocked.size:
         # IDSelectorNot keeps a Python reference to the selector it wraps
         selector = faiss.IDSelectorNot(_id_selector(blocked))
         return selector, lambda ids: ~contains(blocked, ids)
-    return None, lambda ids: np.ones(ids.shape, dtype=bool)
+    return None, None
 
 
 def capped(value: int, widen: float, limit: int) -> int:
@@ -443,11 +474,9 @@ def capped(value: int, widen: float, limit: int) -> int:
     return int(min(limit, max(value, math.ceil(value * widen))))
 
 
-def exact_top_k(
-    queries: np.ndarray, ids: np.ndarray, vectors: np.ndarray, k: int
-) -> list[list[tuple[int, float]]]:
-    """Brute force over candidates: per query of float32 (q, d), up to k (id, score)
-    among `ids` (m,) with float32 `vectors` (m, d), ranked as `VectorIndex.top_k` ranks.
+def exact_top_k(queries: np.ndarray, ids: np.ndarray, vectors: np.ndarray, k: int) -> TopK:
+    """Brute force over candidates: per query of float32 (q, d), its top k (TopK) among
+    `ids` (m,) with float32 `vectors` (m, d), ranked as `VectorIndex.top_k_arrays` ranks.
 
     A flat FAISS index over the subset computes the scores with the kernels a "Flat"
     index uses, so an item scores the same whichever way a segment was searched.
@@ -455,7 +484,23 @@ def exact_top_k(
     flat = faiss.IndexFlatIP(vectors.shape[1])
     subset = VectorIndex(_wrap(flat), "cpu")
     subset.add(np.ascontiguousarray(vectors, dtype=np.float32), ids)
-    return subset.top_k(queries, k, allowed=None, blocked=np.empty(0, dtype=np.int64))
+    return subset.top_k_arrays(queries, k, allowed=None, blocked=NO_IDS)
+
+
+def merge_top_k(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The top k (ids, scores) of one query's `parts`, each a TopK row over ids no other
+    part holds: by descending score, ties by ascending id, as one index ranks them."""
+    if len(parts) == 1:
+        ids, scores = parts[0]
+        return ids[:k], scores[:k]
+    if not parts:
+        return NO_HITS
+    ids = np.concatenate([part[0] for part in parts])
+    scores = np.concatenate([part[1] for part in parts])
+    order = np.lexsort((ids, -scores))[:k]
+    return ids[order], scores[order]
 
 
 def _id_selector(ids: np.ndarray) -> Selector:
@@ -470,6 +515,22 @@ def _id_selector(ids: np.ndarray) -> Selector:
         selector.referenced = packed  # the bitmap must outlive the selector
         return selector
     return faiss.IDSelectorBatch(ids)
+
+
+def _unordered_row(
+    scores: np.ndarray, ids: np.ndarray, k: int, fetch: int, ntotal: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """One unfiltered query's top k ids in FAISS's order when a glance settles them,
+    else None (`_finish_row` does): FAISS answers by descending score with its -1
+    padding last, so the first k are the top k when the k-th scores strictly above the
+    (k + 1)-th, and every id found is when at most k came back and the index had no
+    more (fewer than `fetch`, or all `ntotal`)."""
+    found = ids.size if ids[-1] >= 0 else int(np.count_nonzero(ids >= 0))
+    if found > k:
+        return (ids[:k], scores[:k]) if scores[k - 1] > scores[k] else None
+    if found < fetch or fetch >= ntotal:
+        return ids[:found], scores[:found]
+    return None
 
 
 def _finish_row(
