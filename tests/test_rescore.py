@@ -175,6 +175,7 @@ def test_unordered_candidates_are_the_ordered_top_k_as_a_set() -> None:
         unordered = index.top_k_arrays(q, k, allowed=None, blocked=NO_IDS, ordered=False)
         for (ids, scores), (got_ids, got_scores) in zip(ordered, unordered, strict=True):
             assert sorted(got_ids.tolist()) == sorted(ids.tolist())
+            assert sorted(got_scores.tolist()) == sorted(scores.tolist())
             assert got_scores.tolist() == sorted(got_scores.tolist(), reverse=True)
             glanced += got_ids.tolist() != ids.tolist()
     assert glanced  # some answers came back in FAISS's order, not re-sorted by id
