@@ -309,6 +309,10 @@ def test_invalid_factory_strings(tmp_path: Path) -> None:
         IndexStore.create(tmp_path / "a", dim=DIM, factory="PQ7")
     with pytest.raises(StoreError, match="drop the IDMap prefix"):
         IndexStore.create(tmp_path / "a", dim=DIM, factory="IDMap,Flat")
+    # FAISS makes HNSW over PQ codes an L2 index whatever metric it is given: its
+    # ascending distances would have been ranked as descending scores
+    with pytest.raises(StoreError, match="for L2 distance only"):
+        IndexStore.create(tmp_path / "a", dim=DIM, factory="HNSW16,PQ8")
     with pytest.raises(StoreError, match="dim must be a positive integer"):
         IndexStore.create(tmp_path / "a", dim=0)
 

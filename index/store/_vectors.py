@@ -110,6 +110,14 @@ def new_faiss_index(dim: int, factory: str) -> faiss.Index:
             f"invalid FAISS factory {factory!r}: the store adds the id map itself; drop the "
             f"IDMap prefix (examples: {FACTORY_EXAMPLES})"
         )
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        # FAISS builds some indexes (HNSW over PQ codes) with L2 whatever it is asked
+        # for: their scores are distances, best lowest, and would rank backwards here
+        raise StoreError(
+            f"invalid FAISS factory {factory!r}: FAISS builds it for L2 distance only, and "
+            "the store ranks by inner product; for a graph over compressed codes use SQ "
+            f'("HNSW32,SQ8"), or PQ codes under IVF ("IVF4096,PQ48")'
+        )
     if isinstance(index, faiss.IndexPQ | faiss.IndexIVFPQ):
         # The factory turns on polysemous training: a code permutation (seconds of
         # annealing, whatever n) that only polysemous Hamming search uses; this store's
