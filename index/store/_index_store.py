@@ -437,8 +437,7 @@ class IndexStore:
         a StoreError while adds or removes are unsaved). Or one `Query` alone. A
         query gets fewer than k hits when fewer items match.
         """
-        ranked = ranked_search(self._state, Query.of(queries, k, **where))
-        return [[h for _, h in row] for row in ranked]
+        return [[h for _, h in row] for row in self.ranked_search(queries, k, **where)]
 
     def ranked_search(
         self, query: Query | np.ndarray, k: int | None = None, **where: Any

@@ -86,11 +86,9 @@ def _described(found: list[tuple[Segment, TopK]], merged: TopK) -> dict[int, Any
     segment that holds any of them (`found`: each segment's own answers)."""
     if not merged:
         return {}
-    if len(found) == 1:
-        if len(merged) == 1:  # one query, one segment: the usual search
-            return found[0][0].describe(merged[0][0].tolist())
-        return found[0][0].describe(np.concatenate([ids for ids, _ in merged]).tolist())
     top = np.concatenate([ids for ids, _ in merged])
+    if len(found) == 1:  # every hit is its own
+        return found[0][0].describe(top.tolist())
     described: dict[int, Any] = {}
     for segment, answers in found:
         own = np.concatenate([ids for ids, _ in answers]) if answers else NO_IDS
