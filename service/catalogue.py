@@ -87,7 +87,7 @@ class Catalogue:
         self._model_users: Counter[str] = Counter()  # fingerprint -> open collections
         self._models_lock = asyncio.Lock()
         # name -> (why it cannot be opened, in the log's words; when that was found)
-        self._damaged: dict[str, tuple[str, float]] = {}
+        self._damaged: dict[str, float] = {}  # name -> when it failed to open
         self._locks: dict[str, asyncio.Lock] = {}
         self._loads: dict[str, asyncio.Task] = {}
         self._closing: set[str] = set()
@@ -158,8 +158,8 @@ class Catalogue:
         opened = self._open.get(name)
         if opened is not None:
             return opened
-        failed = self._damaged.get(name)
-        if failed is not None and time.monotonic() - failed[1] < DAMAGED_RETRY_S:
+        failed_at = self._damaged.get(name)
+        if failed_at is not None and time.monotonic() - failed_at < DAMAGED_RETRY_S:
             raise _damaged_error(name)
         load = self._loads.get(name)
         if load is None:  # the catalogue's task: a request that gives up does not stop it
@@ -206,7 +206,7 @@ class Catalogue:
             return opened
 
     def _failed(self, name: str, exc: Exception) -> ApiError:
-        self._damaged[name] = (str(exc), time.monotonic())
+        self._damaged[name] = time.monotonic()  # the reason goes to the log
         logger.error("collection %s cannot be served: %s", name, exc)
         return _damaged_error(name)
 
@@ -371,7 +371,7 @@ class Catalogue:
         aside). Refused first, with nothing closed: an alias's name, a collection an
         alias names (409), one a re-embedding reads (409), one still in use after 30 s
         (409). Its requests meanwhile get 503 `collection_busy`."""
-        await on_folder(self.folder.check_deletable, name)
+        await on_folder(self.folder.check_deletable, name, self.aliases())
         if self.reembed_jobs.reading(name):
             raise ApiError(409, "job_running", f"a re-embedding job reads {name!r}")
         await self._exclusive(name, self._delete(name))
