@@ -3,8 +3,9 @@
 A snapshot of collection NAME is one tar file, DIR/snapshots/NAME/ID.tar
 (index/store/snapshot.py says what it holds). It is written under a temporary name
 and renamed when complete, so a snapshot killed part way is absent, never half there.
-Snapshots outlive their collection: deleting a collection keeps its snapshots (they
-are its backups); a new collection is made from one with `DataFolder.restore`.
+A new collection is made from one with `DataFolder.restore`. Deleting a collection
+moves its snapshots aside (snapshots/.deleted-NAME-XXXXXXXX), out of reach of a later
+collection of that name, which must not restore another's backups by id.
 """
 
 from __future__ import annotations

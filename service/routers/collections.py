@@ -114,6 +114,6 @@ async def get_collection(
     dependencies=[AdminAccess],
 )  # fmt: skip
 async def delete_collection(collection: NamePath, catalogue: CatalogueDep) -> CollectionDeleted:
-    """Delete a collection (the admin key; its snapshots are kept)."""
+    """Delete a collection (the admin key; its snapshots are moved aside)."""
     await catalogue.delete(collection)
     return CollectionDeleted(collection=collection, deleted=True)

@@ -57,14 +57,14 @@ def create_collection(
 
 
 def delete_collection(name: str) -> Call[answers.CollectionDeleted]:
-    """Delete collection `name` (not while an alias names it); its snapshots are kept.
-    Needs the admin key."""
+    """Delete collection `name` (not while an alias names it); its snapshots are moved
+    aside, out of reach of a later collection of that name. Needs the admin key."""
     gone = answers.CollectionDeleted(collection=name, deleted=True)
     return _deletion(_path(COLLECTIONS, name), gone)
 
 
 def aliases() -> Call[answers.AliasList]:
-    """Every alias and the collection it names."""
+    """The aliases the key may read, and the collection each names."""
     return Call("GET", ALIASES, _model(answers.AliasList))
 
 
