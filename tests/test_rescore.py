@@ -90,6 +90,26 @@ def test_filters_tombstones_and_unsaved_adds_are_re_scored_too(tmp_path, data) -
     ]
 
 
+def test_each_segment_finds_its_items_vectors_whatever_its_ids(tmp_path, data) -> None:
+    # a segment's item i sits at row i - first when its ids run unbroken from `first`;
+    # otherwise each row is looked up: a second segment starts past 0, a merge across
+    # removes leaves gaps
+    x, q = data
+    store = pq_store(tmp_path, x[:1000])
+    store.add([str(i) for i in range(1000, len(x))], x[1000:])
+    store.save()
+    store.set_search_params(nprobe=8)
+    assert [s["rows"] for s in store.info()["segments"]] == [1000, len(x) - 1000]
+    assert as_pairs(store.search(q, K, oversample=MAX_OVERSAMPLE)) == brute_force(q, x, K)
+    store.remove([str(i) for i in range(3, len(x), 5)])
+    store.save()
+    assert store.merge(everything=True) == 2
+    reopened = IndexStore.open(tmp_path / "pq")
+    live = np.arange(len(x)) % 5 != 3
+    got = as_pairs(reopened.search(q, K, oversample=MAX_OVERSAMPLE))
+    assert got == brute_force(q, x, K, allowed=live)
+
+
 def test_the_saved_oversample_is_the_default_and_survives_reopening(tmp_path, data) -> None:
     x, q = data
     store = pq_store(tmp_path, x)

@@ -334,12 +334,19 @@ class SealedSegment:
 
     def _id_range(self) -> tuple[int, int]:
         """(first id, rows) when the rows hold the ids first, first + 1, ... in turn,
-        else (0, -1); read once, as a sealed segment's rows never change."""
+        else (0, -1); worked out once, as a sealed segment's rows never change.
+
+        Rows are written in id order (write_segment) and ids are distinct, so the rows
+        hold an unbroken run exactly when the largest id less the smallest spans them:
+        two lookups of the id key, where reading every row's id (row_ids) took 0.75 s
+        at 1M rows, and the first search after opening paid for it."""
         if self._id_span is None:
-            row_ids = self.row_ids()
-            first = int(row_ids[0]) if row_ids.size else 0
-            unbroken = not row_ids.size or int(row_ids[-1]) - first + 1 == row_ids.size
-            self._id_span = (first, row_ids.size) if unbroken else (0, -1)
+            rows = self.entry.rows
+            first, last = self._db.execute(
+                "SELECT (SELECT min(id) FROM items), (SELECT max(id) FROM items)"
+            ).fetchone()
+            unbroken = rows == 0 or last - first + 1 == rows
+            self._id_span = (first or 0, rows) if unbroken else (0, -1)
         return self._id_span
 
     def row_ids(self) -> np.ndarray:
