@@ -77,7 +77,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import faiss
 import numpy as np
@@ -251,16 +251,25 @@ def drop_caches() -> str | None:
         return f"could not write {DROP_CACHES}: {exc.strerror or exc}"
 
 
-def single_pass(search: Any, q: np.ndarray, exact: np.ndarray) -> Row:
+class Searcher(NamedTuple):
+    """A search to time (`call`: queries -> its own answer) and, untimed, the item ids
+    of that answer per query (`ids`): each side is timed answering as it answers its
+    users (the store: described hits; FAISS: arrays), not reading ids out of them."""
+
+    call: Any
+    ids: Any
+
+
+def single_pass(search: Searcher, q: np.ndarray, exact: np.ndarray) -> Row:
     """Every query alone from one thread: p50/p99 ms and recall@10."""
     faiss.omp_set_num_threads(1)
     lat: list[float] = []
     found: list[list[int]] = []
     for i in range(len(q)):
         t0 = time.perf_counter()
-        ids = search(q[i : i + 1])[0]
+        answer = search.call(q[i : i + 1])
         lat.append(1e3 * (time.perf_counter() - t0))
-        found.append(ids)
+        found.append(search.ids(answer)[0])
     return {
         "p50_ms": pct(lat, 50),
         "p99_ms": pct(lat, 99),
@@ -269,13 +278,13 @@ def single_pass(search: Any, q: np.ndarray, exact: np.ndarray) -> Row:
     }
 
 
-def batch_qps(search: Any, q: np.ndarray) -> float:
+def batch_qps(search: Searcher, q: np.ndarray) -> float:
     """Queries per second of the whole batch in one call on every core (best of 2)."""
     faiss.omp_set_num_threads(CORES)
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter()
-        search(q)
+        search.call(q)
         best = min(best, time.perf_counter() - t0)
         if best > 3.0:
             break
@@ -283,12 +292,15 @@ def batch_qps(search: Any, q: np.ndarray) -> float:
     return len(q) / best
 
 
-def store_searcher(store: Any, rescore: bool, oversample: int | None) -> Any:
-    def search(q: np.ndarray) -> list[list[int]]:
-        hits = store.search(q, K, rescore=rescore, oversample=oversample)
-        return [[id_of(h.key) for h in row] for row in hits]
+def store_searcher(store: Any, rescore: bool, oversample: int | None) -> Searcher:
+    return Searcher(
+        lambda q: store.search(q, K, rescore=rescore, oversample=oversample),
+        lambda hits: [[id_of(h.key) for h in row] for row in hits],
+    )
 
-    return search
+
+def refine_searcher(refine: Any) -> Searcher:
+    return Searcher(lambda q: refine.search(q, K)[1], lambda ids: ids.tolist())
 
 
 def nprobes_for(params: dict[str, int], factor: int) -> list[int]:
@@ -447,16 +459,13 @@ def measure_refine(index: Path, work: Path, data: dict[str, Any], store_row: Row
     store.set_search_params(nprobe=widest[0])
     t0 = time.perf_counter()
     single_pass(store_searcher(store, True, widest[1]), q, exact)
-    single_pass(lambda qq: refine.search(qq, K)[1].tolist(), q, exact)
+    single_pass(refine_searcher(refine), q, exact)
     row["warm_pass_s"] = time.perf_counter() - t0
     for nprobe, k_factor in wanted:
         ivf.nprobe = nprobe
         refine.k_factor = float(k_factor)
         store.set_search_params(nprobe=nprobe)
-
-        def search(qq: np.ndarray) -> list[list[int]]:
-            return refine.search(qq, K)[1].tolist()
-
+        search = refine_searcher(refine)
         ours = store_searcher(store, True, k_factor)
         r = {"nprobe": nprobe, "oversample": k_factor} | single_pass(search, q, exact)
         r["qps"] = batch_qps(search, q)
@@ -475,7 +484,7 @@ def measure_refine(index: Path, work: Path, data: dict[str, Any], store_row: Row
     return row  # the RefineFlat index (its RAM) goes with this frame
 
 
-def paired_pass(a: Any, b: Any, q: np.ndarray) -> Row:
+def paired_pass(a: Searcher, b: Searcher, q: np.ndarray) -> Row:
     """Both searches of every query, alternating which goes first, from one thread:
     their latencies side by side under the same load (a shared machine's bursts hit
     both), p50 and p99 each and as a / b ratios."""
@@ -485,7 +494,7 @@ def paired_pass(a: Any, b: Any, q: np.ndarray) -> Row:
         order = (0, 1) if i % 2 == 0 else (1, 0)
         for which in order:
             t0 = time.perf_counter()
-            (a, b)[which](q[i : i + 1])
+            (a, b)[which].call(q[i : i + 1])
             times[which].append(1e3 * (time.perf_counter() - t0))
     row = {f"{side}_{stat}_ms": pct(t, level)
            for side, t in zip("ab", times, strict=True)
