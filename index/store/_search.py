@@ -86,9 +86,9 @@ def _described(found: list[tuple[Segment, TopK]], merged: TopK) -> dict[int, Any
     segment that holds any of them (`found`: each segment's own answers)."""
     if not merged:
         return {}
-    top = np.concatenate([ids for ids, _ in merged])
     if len(found) == 1:  # every hit is its own
-        return found[0][0].describe(top.tolist())
+        return found[0][0].describe([i for ids, _ in merged for i in ids.tolist()])
+    top = np.concatenate([ids for ids, _ in merged])
     described: dict[int, Any] = {}
     for segment, answers in found:
         own = np.concatenate([ids for ids, _ in answers]) if answers else NO_IDS

@@ -431,7 +431,7 @@ class VectorIndex:
             return results
         selector, keep = _selector(allowed, blocked)
         glance = not ordered and keep is None
-        fetch = self._initial_fetch(k, candidates, blocked.size, selector)
+        fetch = self._initial_fetch(k, ntotal, candidates, blocked.size, selector)
         pending = range(len(queries))
         batch = queries
         while pending:
@@ -455,12 +455,15 @@ class VectorIndex:
             fetch = min(ntotal, fetch * 2)
         return results
 
-    def _initial_fetch(self, k: int, candidates: int, n_blocked: int, selector: object) -> int:
-        """k + 1 (the +1 reveals a tie at the k-th place), more when post-filtering."""
+    def _initial_fetch(
+        self, k: int, ntotal: int, candidates: int, n_blocked: int, selector: object
+    ) -> int:
+        """k + 1 (the +1 reveals a tie at the k-th place), more when post-filtering;
+        `ntotal`: the index's (read once per search: a call into FAISS each time)."""
         fetch = k + 1
         if selector is not None and not self.selector_works():
-            fetch = (k + 1) * math.ceil(self.ntotal / candidates) + n_blocked
-        return min(self.ntotal, fetch)
+            fetch = (k + 1) * math.ceil(ntotal / candidates) + n_blocked
+        return min(ntotal, fetch)
 
 
 def _selector(
