@@ -14,7 +14,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
 from .atomic import atomic_path
 from .store import StoreError
@@ -75,16 +75,32 @@ def _url(url: str, mode: str) -> Iterator[IO[bytes]]:
     except (OSError, ValueError) as exc:
         raise StoreError(f"cannot open {url}: {exc}") from None
     try:
-        yield fh
+        yield cast(IO[bytes], _Reads(fh, url)) if mode == "rb" else fh
         fh.close()
-    except BaseException as exc:
+    except BaseException:
         # an S3 upload not completed stays invisible: discard it rather than finish it
         with contextlib.suppress(Exception):
             if hasattr(fh, "discard"):
                 fh.discard()
                 fh.closed = True  # discarded: closing must not upload what is left
-        if mode == "rb" and isinstance(exc, Exception) and not isinstance(exc, StoreError):
-            # the network or the store failing part way through a read (botocore's
-            # errors, OSError): the snapshot cannot be read
-            raise StoreError(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
         raise
+
+
+class _Reads:
+    """A URL's stream whose failed reads are StoreError ("cannot read URL": the network
+    or the object store failing part way, as botocore's errors or OSError). What the
+    caller's own work raises between reads stays what it is: a local disk filling up
+    while a snapshot is restored is no fault of the URL."""
+
+    def __init__(self, stream: IO[bytes], url: str) -> None:
+        self._stream = stream
+        self._url = url
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._stream.read(size)
+        except Exception as exc:
+            raise StoreError(f"cannot read {self._url}: {type(exc).__name__}: {exc}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
