@@ -551,3 +551,36 @@ def test_exact_vectors_of_a_segment_with_and_without_gaps_in_its_ids(
     assert found.tolist() == kept  # item ids are the order of the adds here
     np.testing.assert_array_equal(vectors, x[kept])
     store.close()
+
+
+_LEGACY_SCAN_AFTER_TRUNCATION = """
+import os, sys
+import numpy as np
+from vitrieval.index.store import IndexStore
+
+directory = sys.argv[1]
+x = np.eye(8, dtype=np.float32)[np.arange(3000) % 8]
+store = IndexStore.create(directory, dim=8, factory="Flat")
+store.add([f"k{i}" for i in range(3000)], x, metadata=[{"i": i} for i in range(3000)])
+store.save()
+store.close()
+store = IndexStore.open(directory)
+with open(os.path.join(directory, "seg.1.items.sqlite"), "r+b") as fh:
+    fh.truncate(8192)
+print(store.legacy_items())
+"""
+
+
+def test_the_legacy_items_scan_checks_the_files_it_reads_first(tmp_path) -> None:
+    # the item tables are memory-mapped: reading one truncated since it was opened is
+    # SIGBUS (the process killed), so this scan takes it out of service first, as a
+    # search does
+    scan = subprocess.run(
+        [sys.executable, "-c", _LEGACY_SCAN_AFTER_TRUNCATION, str(tmp_path / "index")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert scan.returncode == 0, (scan.returncode, scan.stderr[-2000:])
+    assert scan.stdout.strip() == "[]"
+    assert "seg.1.items.sqlite changed on disk while in service" in scan.stderr

@@ -52,7 +52,9 @@ def legacy_items(state: StoreState, chunk: int = 10_000) -> list[tuple[str, str]
     it), keys HTTP clients cannot address (checks.key_problem). They stay searchable,
     and `remove` deletes them."""
     with state.lock:
-        segments = state.segments()
+        # serving(): an item table is memory-mapped, and one truncated since it was
+        # opened would kill the process (SIGBUS) at the first read past its new end
+        segments = state.serving()
     found = []
     for segment in segments:
         ids = [item_id for item_id, _ in segment.keys_by_id()]
