@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from vitrieval.index.collections import DEFAULT_FACTORY, NAME_REGEX, SNAPSHOT_ID
 from vitrieval.index.duplicates import DEFAULT_KEEP, KEEP_RULES, check_keep_rule
+from vitrieval.index.evaluation.metrics import metric_names
 from vitrieval.index.fusion import DEFAULT_FUSION, Fusion
 from vitrieval.index.grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
 from vitrieval.index.promotion import DEFAULT_METRIC
@@ -493,9 +494,7 @@ class PromoteRequest(Strict):
     @model_validator(mode="after")
     def _known_metric(self) -> PromoteRequest:
         # said before the two evaluations run, not after them
-        ks = self.evaluation.ks
-        known = ["map", "map_at_r", "r_precision"]
-        known += [f"{name}@{k}" for name in ("recall", "precision") for k in ks]
+        known = metric_names(self.evaluation.ks)
         if self.metric not in known:
             raise ValueError(
                 f"no metric {self.metric!r} in the evaluation; one of {', '.join(known)}"

@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from vitrieval.index.evaluation.metrics import retrieval_metrics
+from vitrieval.index.evaluation.metrics import metric_names, retrieval_metrics
 
 METRIC_KEYS = ("map", "map_at_r", "r_precision")
 
@@ -406,3 +406,13 @@ def test_invalid_input_raises(kwargs, message):
     args = {"embeddings": GOOD, "labels": GOOD_LABELS, **kwargs}
     with pytest.raises(ValueError, match=message):
         retrieval_metrics(**args)
+
+
+def test_metric_names_are_the_means_retrieval_metrics_answers() -> None:
+    # what a promote request may name (service/schemas.py) is what an evaluation holds
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(12, 4)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for ks, labels in (((1, 5), [i % 3 for i in range(12)]), ((2,), list(range(12)))):
+        answered = retrieval_metrics(x, labels, ks)  # the second: every query dropped, NaN
+        assert list(answered) == [*metric_names(ks), "n_queries", "n_dropped"]

@@ -224,12 +224,7 @@ class QueryMetrics:
         n_counted = int(counted.sum())
         out: dict[str, float | int] = {}
         if n_counted == 0:
-            nan = math.nan
-            for k in self.ks:
-                out[f"recall@{k}"] = nan
-            for k in self.ks:
-                out[f"precision@{k}"] = nan
-            out.update(map=nan, map_at_r=nan, r_precision=nan)
+            out.update(dict.fromkeys(metric_names(self.ks), math.nan))
         else:
             for k in self.ks:
                 out[f"recall@{k}"] = float(np.mean(self.first_rank[counted] <= k))
@@ -241,6 +236,17 @@ class QueryMetrics:
         out["n_queries"] = n_counted
         out["n_dropped"] = int(selected.sum()) - n_counted
         return out
+
+
+def metric_names(ks: Sequence[int]) -> list[str]:
+    """The means `retrieval_metrics` answers for the cut-offs `ks`, in its order."""
+    return [
+        *(f"recall@{k}" for k in ks),
+        *(f"precision@{k}" for k in ks),
+        "map",
+        "map_at_r",
+        "r_precision",
+    ]
 
 
 def retrieval_metrics(
