@@ -16,7 +16,6 @@ other, so a crash between the two leaves the previous generation and its own.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import shutil
 
@@ -26,6 +25,7 @@ import numpy as np
 from ..atomic import atomic_path
 from . import manifest as mf
 from ._dba import DbaIndex, compute_and_write
+from ._id_order import merged_by_id
 from ._journal import JournalOwner
 from ._leases import Lease, leased_files
 from ._memory_segment import MemorySegment
@@ -112,8 +112,10 @@ def merge(state: StoreState, *, everything: bool = False, rewrite: bool = False)
                 except StoreError as exc:
                     state.mark_damaged(segment, str(exc))
                     raise
-            batches = itertools.chain.from_iterable(
-                s.live_rows(dead=dead[s.number]) for s in chosen
+            # the chosen segments' id ranges can interleave: their rows merged by id
+            batches = merged_by_id(
+                [s.live_rows(dead=dead[s.number]) for s in chosen],
+                [s.id_bounds() for s in chosen],
             )
             entry = write_segment(
                 state.directory,

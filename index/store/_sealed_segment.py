@@ -43,6 +43,7 @@ from . import _columns as cl
 from . import _field_index as fx
 from . import manifest as mf
 from ._filter_plans import leaf_ids, positions
+from ._id_order import check_ascending
 from ._items import IN_CHUNK, ItemRecord, chunks, placeholders
 from ._mapped_vectors import MappedVectors
 from ._memory_segment import SegmentRow
@@ -75,6 +76,10 @@ _ITEMS_INDEXES = (
 )
 
 
+_ROW_PROBES = 64
+"""Evenly spaced ids _id_range checks sit at their rows (one SELECT)."""
+
+
 def stores_vectors_in_faiss(factory: str) -> bool:
     """Whether the FAISS file of `factory` holds the exact float32 vectors, so no
     separate vectors file is written ("Flat" only: IVF/HNSW flat storage is not
@@ -105,6 +110,7 @@ class SealedSegment:
         self.columns = cl.read_columns(directory / columns) if has_columns else cl.NO_COLUMNS
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._id_span: tuple[int, int] | None = None  # _id_range, worked out when needed
+        self._id_rows: tuple[np.ndarray, np.ndarray | None] | None = None  # _rows_of's
         self._mapped: MappedVectors | None = None  # the vectors file (not for "Flat")
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         self.committed_tombstones = self._read_tombstones()
@@ -321,7 +327,7 @@ class SealedSegment:
         is read here: a caller reads only the rows it scores."""
         first, count = self._id_range()
         if count < 0:
-            return self._raw, positions(self.row_ids(), ids)
+            return self._raw, self._rows_of(ids)
         # one unbroken id range (a segment sealed from one run of adds, the usual
         # case): an item's row is its id less the first, no search over the rows
         rows = ids - first
@@ -336,22 +342,52 @@ class SealedSegment:
         """(first id, rows) when the rows hold the ids first, first + 1, ... in turn,
         else (0, -1); worked out once, as a sealed segment's rows never change.
 
-        Rows are written in id order (write_segment) and ids are distinct, so the rows
-        hold an unbroken run exactly when the largest id less the smallest spans them:
-        two lookups of the id key, where reading every row's id (row_ids) took 0.75 s
-        at 1M rows, and the first search after opening paid for it."""
+        Rows are written in ascending id order (write_segment) and ids are distinct, so
+        the rows hold an unbroken run when the largest id less the smallest spans them:
+        two lookups of the id key, where reading every row's id (row_ids) took 0.75 s at
+        1M rows, and the first search after opening paid for it. A merge of an older
+        version could write rows out of id order; evenly spaced ids, the ends included,
+        are checked to sit at their rows, so such a segment is read through _rows_of."""
         if self._id_span is None:
+            bounds = self.id_bounds()
             rows = self.entry.rows
-            first, last = self._db.execute(
-                "SELECT (SELECT min(id) FROM items), (SELECT max(id) FROM items)"
-            ).fetchone()
-            unbroken = rows == 0 or last - first + 1 == rows
-            self._id_span = (first or 0, rows) if unbroken else (0, -1)
+            if bounds is None:
+                self._id_span = (0, 0)
+            elif bounds[1] - bounds[0] + 1 != rows:
+                self._id_span = (0, -1)
+            else:
+                first = bounds[0]
+                probe = np.unique(np.linspace(first, bounds[1], _ROW_PROBES).astype(np.int64))
+                sql = "SELECT id, row FROM items WHERE id IN ({marks})"
+                in_place = all(row == i - first for i, row in self._select(sql, probe.tolist()))
+                self._id_span = (first, rows) if in_place else (0, -1)
         return self._id_span
 
+    def id_bounds(self) -> tuple[int, int] | None:
+        """(smallest, largest) item id the segment holds, tombstoned ones too; None when
+        it holds none."""
+        first, last = self._db.execute(
+            "SELECT (SELECT min(id) FROM items), (SELECT max(id) FROM items)"
+        ).fetchone()
+        return None if first is None else (first, last)
+
+    def _rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """Each of int64 `ids`' row (-1 where the segment does not hold it), from the
+        row ids read once: sorted when the rows are in id order, else through their
+        order (a segment merged out of id order by an older version)."""
+        if self._id_rows is None:
+            row_ids = self.row_ids()
+            if bool(np.all(row_ids[1:] > row_ids[:-1])):
+                self._id_rows = (row_ids, None)
+            else:
+                order = np.argsort(row_ids, kind="stable")
+                self._id_rows = (row_ids[order], order)
+        sorted_ids, rows = self._id_rows
+        at = positions(sorted_ids, ids)
+        return at if rows is None else np.where(at >= 0, rows[at], -1)
+
     def row_ids(self) -> np.ndarray:
-        """Item ids in row order (sorted: rows are in id order, tombstoned ones too),
-        read once (8 B a row)."""
+        """Item ids in row order (tombstoned ones too), read once (8 B a row)."""
         if self._row_ids is None:
             rows = self._db.execute("SELECT id FROM items ORDER BY row")
             self._row_ids = np.fromiter((i for (i,) in rows), dtype=np.int64)
@@ -460,7 +496,8 @@ def write_segment(
     prebuilt: faiss.Index | None = None,
 ) -> mf.SegmentEntry:
     """Write sealed segment `number` from `batches` of (rows, float32 (b, dim) vectors)
-    in id order, `rows` in all; durably (temp file, fsync, rename) and checksummed.
+    in ascending id order (StoreError otherwise: a row is found from its id, _id_order.py),
+    `rows` in all; durably (temp file, fsync, rename) and checksummed.
 
     `template` is an empty index of the store's factory (trained, for IVF/PQ) that the
     vectors are added to; `prebuilt`, when given, is an index already holding exactly
@@ -490,12 +527,16 @@ def write_segment(
             else None
         )
         written = 0
+        last_id: int | None = None
         try:
             db.execute("PRAGMA journal_mode=OFF")
             db.execute(_ITEMS_SCHEMA)
             fx.create_tables(db, fields)
             for chunk, vectors in batches:
                 n = len(chunk)
+                ids = np.fromiter((r[0] for r in chunk), np.int64, n)
+                check_ascending(ids, last_id)
+                last_id = int(ids[-1]) if n else last_id
                 db.executemany(
                     "INSERT INTO items VALUES (?,?,?,?,?,?)",
                     [(*row, written + j) for j, row in enumerate(chunk)],
@@ -504,7 +545,7 @@ def write_segment(
                 if raw is not None:
                     raw[written : written + n] = vectors
                 if prebuilt is None:
-                    index.add_with_ids(vectors, np.fromiter((r[0] for r in chunk), np.int64, n))
+                    index.add_with_ids(vectors, ids)
                 written += n
             for statement in (*_ITEMS_INDEXES, fx.FIELDS_INDEX):
                 db.execute(statement)
