@@ -226,13 +226,14 @@ class QueryMetrics:
         if n_counted == 0:
             out.update(dict.fromkeys(metric_names(self.ks), math.nan))
         else:
-            for k in self.ks:
-                out[f"recall@{k}"] = float(np.mean(self.first_rank[counted] <= k))
-            for col, k in enumerate(self.ks):
-                out[f"precision@{k}"] = float(np.mean(self.hits_at_k[counted, col] / k))
-            out["map"] = float(np.mean(self.ap[counted]))
-            out["map_at_r"] = float(np.mean(self.map_at_r[counted]))
-            out["r_precision"] = float(np.mean(self.r_precision[counted]))
+            means = [
+                *(np.mean(self.first_rank[counted] <= k) for k in self.ks),
+                *(np.mean(self.hits_at_k[counted, col] / k) for col, k in enumerate(self.ks)),
+                np.mean(self.ap[counted]),
+                np.mean(self.map_at_r[counted]),
+                np.mean(self.r_precision[counted]),
+            ]  # in metric_names' order
+            out.update(zip(metric_names(self.ks), map(float, means), strict=True))
         out["n_queries"] = n_counted
         out["n_dropped"] = int(selected.sum()) - n_counted
         return out
