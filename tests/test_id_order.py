@@ -4,6 +4,7 @@ segment written out of order (as an older version's merge could) is still read r
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -12,8 +13,8 @@ from store_helpers import as_pairs, brute_force, exact_vectors
 
 from vitrieval.index.store import IndexStore, StoreError, _persist, _sealed_segment
 from vitrieval.index.store._id_order import check_ascending, merged_by_id
-
-SIZES = (10, 45_000, 10, 10, 10)  # the saves merge the four small ones into one of 40
+from vitrieval.index.store._sealed_segment import write_segment
+from vitrieval.index.store._state import StoreState
 
 
 def stream(ids: list[int], batch: int = 3) -> list[tuple[list[tuple], np.ndarray]]:
@@ -47,42 +48,66 @@ def test_rows_out_of_id_order_are_refused() -> None:
             check_ascending(np.asarray(ids), after)
 
 
-def interleaved_store(tmp_path) -> tuple[IndexStore, np.ndarray, np.ndarray]:
-    """Segments of 40 and 45,000 rows whose id ranges interleave, merged into one."""
-    x = exact_vectors(np.random.default_rng(8), sum(SIZES), 8)
+def store_of(
+    tmp_path, sizes: tuple[int, ...], labels_near: int, merge_after: tuple[int, ...]
+) -> tuple[IndexStore, np.ndarray, np.ndarray]:
+    """A Flat store saved in batches of `sizes` rows (each save a segment), its due
+    merges run after the saves `merge_after` counts (those may join segments that are
+    not neighbours), then merged whole and opened again."""
+    x = exact_vectors(np.random.default_rng(8), sum(sizes), 8)
     i = np.arange(len(x))
     # every 997th item, and all of them near both ends, where rows out of order sit
-    labels = np.where((i % 997 == 0) | (i < 60) | (i >= 44_990), "few", "many")
+    few = (i % 997 == 0) | (i < labels_near) | (i >= len(x) - labels_near)
+    labels = np.where(few, "few", "many")
     store = IndexStore.create(tmp_path / "index", dim=8, factory="Flat")
-    for start, size in zip(itertools.accumulate((0, *SIZES[:-1])), SIZES, strict=True):
+    starts = itertools.accumulate((0, *sizes[:-1]))
+    for saves, (start, size) in enumerate(zip(starts, sizes, strict=True), 1):
         part = slice(start, start + size)
         keys = [str(i) for i in range(start, start + size)]
         store.add(keys, x[part], labels=labels[part].tolist())
         store.save()
-    assert [s["rows"] for s in store.info()["segments"]] == [40, 45_000]
-    assert store.merge(everything=True) == 2
+        if saves in merge_after:
+            store.merge()
+    store.merge(everything=True)
+    assert len(store.info()["segments"]) == 1
     store.close()
     return IndexStore.open(tmp_path / "index"), x, labels
 
 
 def check_exact_reads(store: IndexStore, x: np.ndarray, labels: np.ndarray) -> None:
     # a filter this narrow is searched exactly, over the vectors read for its items
-    q = x[[3, 12, 45_012, 45_003, 997, 20_000]]
+    q = x[[3, 12, 150, len(x) - 3, 997, len(x) // 2]]
     got = as_pairs(store.search(q, 5, label="few"))
     assert got == brute_force(q, x, 5, allowed=labels == "few")
 
 
 def test_a_merge_of_interleaved_segments_writes_its_rows_in_id_order(tmp_path) -> None:
-    store, x, labels = interleaved_store(tmp_path)
+    # the saves merge the four small segments into one of 40 whose ids straddle the
+    # large one's; merging everything then meets interleaving id ranges
+    store, x, labels = store_of(tmp_path, (10, 45_000, 10, 10, 10), 60, (4, 5))
     check_exact_reads(store, x, labels)
 
 
-def test_a_segment_written_out_of_id_order_is_read_right(tmp_path, monkeypatch) -> None:
-    # as a merge of an older version wrote it: one segment after another
+@pytest.mark.parametrize(
+    ("sizes", "merge_after"),
+    [
+        ((10, 45_000, 10, 10, 10), (4, 5)),  # most rows out of place
+        ((10, 100, 10, 10, 10, 45_000), (5,)),  # 130 rows out of place, both ends in place
+    ],
+)
+def test_a_segment_an_older_merge_wrote_out_of_id_order_is_read_right(
+    tmp_path, monkeypatch, sizes, merge_after
+) -> None:
+    # as an older version wrote it: one segment after another, no check, no mark
     def chained(streams, bounds):
         return itertools.chain.from_iterable(streams)
 
+    def unmarked(*args, **kwargs):
+        return dataclasses.replace(write_segment(*args, **kwargs), rows_in_id_order=False)
+
     monkeypatch.setattr(_persist, "merged_by_id", chained)
+    monkeypatch.setattr(_persist, "write_segment", unmarked)
     monkeypatch.setattr(_sealed_segment, "check_ascending", lambda ids, after: None)
-    store, x, labels = interleaved_store(tmp_path)
+    monkeypatch.setattr(StoreState, "due_merge", lambda self: False)  # merged when told
+    store, x, labels = store_of(tmp_path, sizes, 200, merge_after)
     check_exact_reads(store, x, labels)

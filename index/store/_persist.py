@@ -16,6 +16,7 @@ other, so a crash between the two leaves the previous generation and its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 
@@ -112,7 +113,6 @@ def merge(state: StoreState, *, everything: bool = False, rewrite: bool = False)
                 except StoreError as exc:
                     state.mark_damaged(segment, str(exc))
                     raise
-            # the chosen segments' id ranges can interleave: their rows merged by id
             batches = merged_by_id(
                 [s.live_rows(dead=dead[s.number]) for s in chosen],
                 [s.id_bounds() for s in chosen],
@@ -314,4 +314,4 @@ def _seal(
     if not dead:
         return entry
     tombstones = write_tombstones(state.directory, number, generation, dead)
-    return mf.SegmentEntry(number, entry.rows, entry.files, tombstones)
+    return dataclasses.replace(entry, tombstones=tombstones)

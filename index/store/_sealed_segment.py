@@ -26,6 +26,7 @@ store runs it when a segment is sealed, before a merge reads a segment, on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -43,7 +44,7 @@ from . import _columns as cl
 from . import _field_index as fx
 from . import manifest as mf
 from ._filter_plans import leaf_ids, positions
-from ._id_order import check_ascending
+from ._id_order import MERGE_BATCH, check_ascending
 from ._items import IN_CHUNK, ItemRecord, chunks, placeholders
 from ._mapped_vectors import MappedVectors
 from ._memory_segment import SegmentRow
@@ -76,10 +77,6 @@ _ITEMS_INDEXES = (
 )
 
 
-_ROW_PROBES = 64
-"""Evenly spaced ids _id_range checks sit at their rows (one SELECT)."""
-
-
 def stores_vectors_in_faiss(factory: str) -> bool:
     """Whether the FAISS file of `factory` holds the exact float32 vectors, so no
     separate vectors file is written ("Flat" only: IVF/HNSW flat storage is not
@@ -110,7 +107,7 @@ class SealedSegment:
         self.columns = cl.read_columns(directory / columns) if has_columns else cl.NO_COLUMNS
         self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
         self._id_span: tuple[int, int] | None = None  # _id_range, worked out when needed
-        self._id_rows: tuple[np.ndarray, np.ndarray | None] | None = None  # _rows_of's
+        self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # _rows_of's ids, rows
         self._mapped: MappedVectors | None = None  # the vectors file (not for "Flat")
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         self.committed_tombstones = self._read_tombstones()
@@ -221,7 +218,7 @@ class SealedSegment:
         if self.entry.tombstones is not None:
             identity.pop(self.entry.tombstones.name, None)
         identity[tombstones.name] = file_identity(self.directory / tombstones.name)
-        self.entry = mf.SegmentEntry(self.number, self.entry.rows, self.entry.files, tombstones)
+        self.entry = dataclasses.replace(self.entry, tombstones=tombstones)
         self._watch(identity)
 
     def _watch(self, identity: dict[str, tuple[int, int, int, int]]) -> None:
@@ -310,7 +307,7 @@ class SealedSegment:
             cl.write_columns(self._db, tmp)
             checksum = mf.sha256_file(tmp)
         files = {**self.entry.files, name: checksum}
-        self.entry = mf.SegmentEntry(self.number, self.entry.rows, files, self.entry.tombstones)
+        self.entry = dataclasses.replace(self.entry, files=files)
         self._watch({**self._identity, name: file_identity(self.directory / name)})
         self.columns = cl.read_columns(self.directory / name)
 
@@ -342,26 +339,28 @@ class SealedSegment:
         """(first id, rows) when the rows hold the ids first, first + 1, ... in turn,
         else (0, -1); worked out once, as a sealed segment's rows never change.
 
-        Rows are written in ascending id order (write_segment) and ids are distinct, so
-        the rows hold an unbroken run when the largest id less the smallest spans them:
-        two lookups of the id key, where reading every row's id (row_ids) took 0.75 s at
-        1M rows, and the first search after opening paid for it. A merge of an older
-        version could write rows out of id order; evenly spaced ids, the ends included,
-        are checked to sit at their rows, so such a segment is read through _rows_of."""
+        Rows in ascending id order (what `entry.rows_in_id_order` records) hold an
+        unbroken run exactly when the largest id less the smallest spans them: two
+        lookups of the id key, where reading every row's id took 0.75 s at 1M rows, paid
+        by the first search after opening. A segment without the mark (an older merge
+        could write rows out of id order) is checked row by row once, in SQLite."""
         if self._id_span is None:
             bounds = self.id_bounds()
             rows = self.entry.rows
             if bounds is None:
                 self._id_span = (0, 0)
-            elif bounds[1] - bounds[0] + 1 != rows:
+            elif bounds[1] - bounds[0] + 1 != rows or not self._rows_in_order(bounds[0]):
                 self._id_span = (0, -1)
             else:
-                first = bounds[0]
-                probe = np.unique(np.linspace(first, bounds[1], _ROW_PROBES).astype(np.int64))
-                sql = "SELECT id, row FROM items WHERE id IN ({marks})"
-                in_place = all(row == i - first for i, row in self._select(sql, probe.tolist()))
-                self._id_span = (first, rows) if in_place else (0, -1)
+                self._id_span = (bounds[0], rows)
         return self._id_span
+
+    def _rows_in_order(self, first: int) -> bool:
+        """Whether each of an unbroken id run's rows is its id less `first`."""
+        if self.entry.rows_in_id_order:
+            return True
+        sql = "SELECT EXISTS (SELECT 1 FROM items WHERE row != id - ?)"
+        return not self._db.execute(sql, (first,)).fetchone()[0]
 
     def id_bounds(self) -> tuple[int, int] | None:
         """(smallest, largest) item id the segment holds, tombstoned ones too; None when
@@ -372,19 +371,17 @@ class SealedSegment:
         return None if first is None else (first, last)
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
-        """Each of int64 `ids`' row (-1 where the segment does not hold it), from the
-        row ids read once: sorted when the rows are in id order, else through their
-        order (a segment merged out of id order by an older version)."""
+        """Each of int64 `ids`' row (-1 where the segment does not hold it), from every
+        (id, row) read once in id order: right whatever order the rows are in."""
         if self._id_rows is None:
-            row_ids = self.row_ids()
-            if bool(np.all(row_ids[1:] > row_ids[:-1])):
-                self._id_rows = (row_ids, None)
-            else:
-                order = np.argsort(row_ids, kind="stable")
-                self._id_rows = (row_ids[order], order)
+            pairs = self._db.execute("SELECT id, row FROM items ORDER BY id").fetchall()
+            self._id_rows = (
+                np.fromiter((i for i, _ in pairs), np.int64, len(pairs)),
+                np.fromiter((r for _, r in pairs), np.int64, len(pairs)),
+            )
         sorted_ids, rows = self._id_rows
         at = positions(sorted_ids, ids)
-        return at if rows is None else np.where(at >= 0, rows[at], -1)
+        return np.where(at >= 0, rows[at], -1)
 
     def row_ids(self) -> np.ndarray:
         """Item ids in row order (tombstoned ones too), read once (8 B a row)."""
@@ -437,7 +434,7 @@ class SealedSegment:
         return sum(1 for (i,) in rows if i not in dead)
 
     def live_rows(
-        self, batch: int = 8192, dead: set[int] | None = None
+        self, batch: int = MERGE_BATCH, dead: set[int] | None = None
     ) -> Iterator[tuple[list[SegmentRow], np.ndarray]]:
         """(rows, float32 (b, dim) vectors) of the live items in id order, in batches:
         what a merge copies into a new segment. `dead`: the tombstones to skip
@@ -451,8 +448,11 @@ class SealedSegment:
             if not live:
                 continue
             positions = np.fromiter((r[5] for r in live), dtype=np.int64, count=len(live))
-            if self._mapped is not None:  # an in-order pass: read ahead, as a file read would
-                self._mapped.prefetch(int(positions.min()), int(positions.max()) + 1)
+            low, high = int(positions.min()), int(positions.max()) + 1
+            # an in-order pass: read ahead, as a file read would (not across a segment
+            # whose rows an older merge wrote out of id order: that span is the file)
+            if self._mapped is not None and high - low <= 2 * len(chunk):
+                self._mapped.prefetch(low, high)
             vectors = np.asarray(self._raw[positions], dtype=np.float32)
             yield [row[:5] for row in live], vectors.reshape(len(live), self.dim)
 
@@ -564,7 +564,7 @@ def write_segment(
         files[columns_name] = mf.sha256_file(columns_tmp)
         if vectors_tmp is not None:
             files[vectors_name] = mf.sha256_file(vectors_tmp)
-    return mf.SegmentEntry(number=number, rows=rows, files=files, tombstones=None)
+    return mf.SegmentEntry(number, rows, files, tombstones=None, rows_in_id_order=True)
 
 
 def write_tombstones(

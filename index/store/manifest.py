@@ -222,7 +222,11 @@ def _parse_segment(raw: Any, where: Path, version: int) -> SegmentEntry:
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise StoreError(f"{where} is invalid: segment {number}'s tombstone count")
         tombstones = TombstoneEntry(named.name, named.checksum, count)
-    return SegmentEntry(number, require_field(raw, "rows", int, where), files, tombstones)
+    in_order = raw.get("rows_in_id_order", False)
+    if not isinstance(in_order, bool):
+        raise StoreError(f"{where} is invalid: segment {number}'s rows_in_id_order")
+    rows = require_field(raw, "rows", int, where)
+    return SegmentEntry(number, rows, files, tombstones, rows_in_id_order=in_order)
 
 
 def parse_manifest(data: Any, where: Path) -> Manifest:

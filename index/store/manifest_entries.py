@@ -68,12 +68,15 @@ class TombstoneEntry(NamedFile):
 @dataclass(frozen=True)
 class SegmentEntry:
     """A sealed segment: its files (checksummed when sealed, never rewritten), its row
-    count, and the tombstones committed for it since."""
+    count, and the tombstones committed for it since. `rows_in_id_order`: written by a
+    version that refuses rows out of ascending id order (_id_order.py); a segment
+    without it is checked once when first read (an older merge could interleave)."""
 
     number: int
     rows: int
     files: dict[str, FileEntry]
     tombstones: TombstoneEntry | None = None
+    rows_in_id_order: bool = False
 
     @property
     def live(self) -> int:
@@ -91,6 +94,7 @@ class SegmentEntry:
             "rows": self.rows,
             "files": {name: entry.to_json() for name, entry in self.files.items()},
             "tombstones": self.tombstones.to_json() if self.tombstones else None,
+            **({"rows_in_id_order": True} if self.rows_in_id_order else {}),
         }
 
 
