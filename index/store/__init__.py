@@ -53,12 +53,15 @@ manifest.json::
      "segments": [{"number": n, "rows": r,
                    "files": {"seg.<n>.faiss": {"sha256": ..., "bytes": ...}, ...},
                    "tombstones": {"file": "seg.<n>.del.<g>.npy", "sha256": ...,
-                                  "bytes": ..., "count": t} | null}, ...],
+                                  "bytes": ..., "count": t} | null,
+                   "rows_in_id_order": true (absent: a segment of an older version,
+                                         checked once when read: _id_order.py)}, ...],
      "created": "<ISO 8601 UTC>", "updated": "<ISO 8601 UTC>"}
 
 - Sealed segments are immutable: written once (temp file, fsync, rename), checksummed
   when sealed, never rewritten. Item ids are global and increase with every add, so
-  ties (equal scores) are ordered by id across segments as within one.
+  ties (equal scores) are ordered by id across segments as within one. A segment's
+  rows are its items in ascending id order (a merge merges its segments' rows by id).
 - FAISS layout: an IndexIDMap2 around the factory index, ids = item ids; except IVF
   factories, whose index holds the item ids itself (IDMap2 over IVF corrupts its id
   map on remove_ids). Inner product on L2-normalised vectors (scores are cosines).
