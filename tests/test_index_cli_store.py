@@ -35,6 +35,27 @@ def test_verify_passes_then_names_a_damaged_file(tmp_path: Path, capsys) -> None
     assert len(lines) == 1 and "checksum mismatch" in lines[0] and "seg.2.items.sqlite" in lines[0]
 
 
+def test_verify_names_a_file_changed_after_its_checksum_was_read(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    # the file changes between the checksums and the scan for legacy items, which takes
+    # its segment out of service: verify says so, not "every checksum holds"
+    saved_in_parts(tmp_path / "idx", exact_vectors(np.random.default_rng(2), 300), 2).close()
+    scan = IndexStore.legacy_items
+
+    def truncated_meanwhile(store: IndexStore) -> list[tuple[str, str]]:
+        with (tmp_path / "idx" / "seg.1.items.sqlite").open("r+b") as fh:
+            fh.truncate(4096)
+        return scan(store)
+
+    monkeypatch.setattr(IndexStore, "legacy_items", truncated_meanwhile)
+    code, out, err = run(capsys, "verify", tmp_path / "idx")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "segment 1 changed during the check" in lines[0]
+    assert "seg.1.items.sqlite changed on disk while in service" in lines[0]
+
+
 def test_info_lists_the_segments_on_one_line(tmp_path: Path, capsys) -> None:
     x = exact_vectors(np.random.default_rng(1), 200)
     store = saved_in_parts(tmp_path / "idx", x, 2)

@@ -325,6 +325,7 @@ def _info_value(value: object) -> str:
 
 def _verify(args: argparse.Namespace) -> int:
     from ..shards import open_index
+    from ..store import StoreError
 
     if args.repair:
         _repair_journals(args.index)
@@ -332,6 +333,11 @@ def _verify(args: argparse.Namespace) -> int:
         info = store.info()
         stores = getattr(store, "shards", [store])  # a sharded index: each shard's items
         legacy = [found for s in stores for found in s.legacy_items()]
+        # a file changed since the checksums were read: the scan took it out of service
+        damaged = [found for s in stores for found in s.damaged_segments()]
+    if damaged:
+        number, reason = damaged[0]
+        raise StoreError(f"{args.index}: segment {number} changed during the check: {reason}")
     files = len(info["files"])
     print(
         f"{args.index}: {files} files verified ({info['bytes_on_disk']:,} bytes, "
