@@ -287,6 +287,25 @@ def test_a_shard_of_an_older_format_is_reported_and_upgraded(tmp_path, tied, cap
         assert new.format_version == new.info()["format_version"] == mf.FORMAT_VERSION
 
 
+def test_verify_names_the_shard_of_a_segment_changed_during_the_check(
+    tmp_path, tied, capsys, monkeypatch
+):
+    build_sharded(tied["emb"], tmp_path / "sharded", "", "Flat", 2, 100, in_process)
+    items = sorted((tmp_path / "sharded" / shard_name(1)).glob("seg.*.items.sqlite"))[0]
+    number = items.name.split(".")[1]
+    scan = IndexStore.legacy_items
+
+    def truncated_meanwhile(store: IndexStore) -> list[tuple[str, str]]:
+        with items.open("r+b") as fh:  # after the checksums were read
+            fh.truncate(4096)
+        return scan(store)
+
+    monkeypatch.setattr(IndexStore, "legacy_items", truncated_meanwhile)
+    code, out, err = run(capsys, "verify", tmp_path / "sharded")
+    assert code == 2 and out == "" and one_line(err)
+    assert f"segment {shard_name(1)}/{number} changed during the check" in err
+
+
 @pytest.fixture(scope="module")
 def digit_photos(tmp_path_factory) -> Path:
     """60 digit images in class folders, and their embeddings folder (tiny_onnx)."""

@@ -334,7 +334,7 @@ def _verify(args: argparse.Namespace) -> int:
         stores = getattr(store, "shards", [store])  # a sharded index: each shard's items
         legacy = [found for s in stores for found in s.legacy_items()]
         # a file changed since the checksums were read: the scan took it out of service
-        damaged = [found for s in stores for found in s.damaged_segments()]
+        damaged = store.damaged_segments()  # a sharded index's name their shards
     if damaged:
         number, reason = damaged[0]
         raise StoreError(f"{args.index}: segment {number} changed during the check: {reason}")

@@ -55,13 +55,16 @@ manifest.json::
                    "tombstones": {"file": "seg.<n>.del.<g>.npy", "sha256": ...,
                                   "bytes": ..., "count": t} | null,
                    "rows_in_id_order": true (absent: a segment of an older version,
-                                         checked once when read: _id_order.py)}, ...],
+                                         whose rows are checked once when read)}, ...],
      "created": "<ISO 8601 UTC>", "updated": "<ISO 8601 UTC>"}
 
 - Sealed segments are immutable: written once (temp file, fsync, rename), checksummed
   when sealed, never rewritten. Item ids are global and increase with every add, so
-  ties (equal scores) are ordered by id across segments as within one. A segment's
-  rows are its items in ascending id order (a merge merges its segments' rows by id).
+  ties (equal scores) are ordered by id across segments as within one. A segment
+  written now holds its items in ascending id order (_id_order.py: a merge merges its
+  segments' rows by id) and is marked `rows_in_id_order`; an older merge could write
+  them out of order, so an unmarked segment is checked when first read
+  (_sealed_segment.py) and, if so, read through its (id, row) pairs.
 - FAISS layout: an IndexIDMap2 around the factory index, ids = item ids; except IVF
   factories, whose index holds the item ids itself (IDMap2 over IVF corrupts its id
   map on remove_ids). Inner product on L2-normalised vectors (scores are cosines).

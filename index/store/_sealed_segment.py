@@ -371,14 +371,15 @@ class SealedSegment:
         return None if first is None else (first, last)
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
-        """Each of int64 `ids`' row (-1 where the segment does not hold it), from every
-        (id, row) read once in id order: right whatever order the rows are in."""
+        """Each of int64 `ids`' row (-1 where the segment does not hold it): its place
+        among the row ids when the rows are in id order, else from every (id, row) read
+        once in id order (a segment an older merge wrote out of order)."""
+        if self.entry.rows_in_id_order:
+            return positions(self.row_ids(), ids)
         if self._id_rows is None:
-            pairs = self._db.execute("SELECT id, row FROM items ORDER BY id").fetchall()
-            self._id_rows = (
-                np.fromiter((i for i, _ in pairs), np.int64, len(pairs)),
-                np.fromiter((r for _, r in pairs), np.int64, len(pairs)),
-            )
+            cursor = self._db.execute("SELECT id, row FROM items ORDER BY id")
+            pairs = np.fromiter(cursor, dtype=[("id", "<i8"), ("row", "<i8")])  # 16 B a row
+            self._id_rows = (pairs["id"].copy(), pairs["row"].copy())
         sorted_ids, rows = self._id_rows
         at = positions(sorted_ids, ids)
         return np.where(at >= 0, rows[at], -1)
