@@ -45,7 +45,7 @@ from . import _field_index as fx
 from . import manifest as mf
 from ._filter_plans import leaf_ids, positions
 from ._id_order import MERGE_BATCH, check_ascending
-from ._items import IN_CHUNK, ItemRecord, chunks, placeholders
+from ._items import ItemRecord, chunks, placeholders
 from ._mapped_vectors import MappedVectors
 from ._memory_segment import SegmentRow
 from ._vectors import VectorIndex, core_index
@@ -105,9 +105,9 @@ class SealedSegment:
         columns = mf.segment_columns_file(self.number)
         has_columns = columns in entry.files
         self.columns = cl.read_columns(directory / columns) if has_columns else cl.NO_COLUMNS
-        self._row_ids: np.ndarray | None = None  # item ids in row order, read when needed
+        self._sorted_ids: np.ndarray | None = None  # read when needed
         self._id_span: tuple[int, int] | None = None  # _id_range, worked out when needed
-        self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # _rows_of's ids, rows
+        self._rows_by_id: np.ndarray | None = None  # _rows_of's, for an unmarked segment
         self._mapped: MappedVectors | None = None  # the vectors file (not for "Flat")
         self._raw = self._open_vectors(factory, self.vectors, mf.segment_vectors_file(self.number))
         self.committed_tombstones = self._read_tombstones()
@@ -247,9 +247,8 @@ class SealedSegment:
     # -- reads -----------------------------------------------------------------------
 
     def _select(self, sql: str, values: Sequence) -> Iterable[tuple]:
-        """The rows of `sql`, whose `{marks}` is an `IN (...)` list of `values`."""
-        if len(values) <= IN_CHUNK:  # a search's hits: one statement, no generator
-            return self._db.execute(sql.format(marks=placeholders(len(values))), tuple(values))
+        """The rows of `sql`, whose `{marks}` is an `IN (...)` list of `values` (one
+        statement per IN_CHUNK of them)."""
         return itertools.chain.from_iterable(
             self._db.execute(sql.format(marks=placeholders(len(chunk))), tuple(chunk))
             for chunk in chunks(values)
@@ -372,24 +371,23 @@ class SealedSegment:
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
         """Each of int64 `ids`' row (-1 where the segment does not hold it): its place
-        among the row ids when the rows are in id order, else from every (id, row) read
-        once in id order (a segment an older merge wrote out of order)."""
+        among the sorted ids when the rows are in id order, else the row read for that
+        place (a segment an older merge wrote out of order; read once, 8 B a row)."""
+        at = positions(self.sorted_ids(), ids)
         if self.entry.rows_in_id_order:
-            return positions(self.row_ids(), ids)
-        if self._id_rows is None:
-            cursor = self._db.execute("SELECT id, row FROM items ORDER BY id")
-            pairs = np.fromiter(cursor, dtype=[("id", "<i8"), ("row", "<i8")])  # 16 B a row
-            self._id_rows = (pairs["id"].copy(), pairs["row"].copy())
-        sorted_ids, rows = self._id_rows
-        at = positions(sorted_ids, ids)
-        return np.where(at >= 0, rows[at], -1)
+            return at
+        if self._rows_by_id is None:
+            rows = self._db.execute("SELECT row FROM items ORDER BY id")
+            self._rows_by_id = np.fromiter((r for (r,) in rows), np.int64, self.entry.rows)
+        return np.where(at >= 0, self._rows_by_id[at], -1)
 
-    def row_ids(self) -> np.ndarray:
-        """Item ids in row order (tombstoned ones too), read once (8 B a row)."""
-        if self._row_ids is None:
-            rows = self._db.execute("SELECT id FROM items ORDER BY row")
-            self._row_ids = np.fromiter((i for (i,) in rows), dtype=np.int64)
-        return self._row_ids
+    def sorted_ids(self) -> np.ndarray:
+        """The segment's item ids (tombstoned ones too), ascending; read once in the id
+        key's own order (8 B a row)."""
+        if self._sorted_ids is None:
+            ids = self._db.execute("SELECT id FROM items ORDER BY id")
+            self._sorted_ids = np.fromiter((i for (i,) in ids), np.int64, self.entry.rows)
+        return self._sorted_ids
 
     def dead_ids(self) -> np.ndarray:
         dead = self.tombstones

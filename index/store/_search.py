@@ -83,7 +83,8 @@ def _hits(merged: TopK, described: dict[int, Any]) -> Ranked:
 
 def _described(found: list[tuple[Segment, TopK]], merged: TopK) -> dict[int, Any]:
     """item id -> its described row, for every id in the `merged` answers: one read per
-    segment that holds any of them (`found`: each segment's own answers)."""
+    segment that holds any of them (`found`: per segment, answers holding at least the
+    merged ids it holds: its own, or the merged ones themselves)."""
     if not merged:
         return {}
     if len(found) == 1:  # every hit is its own

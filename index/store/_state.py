@@ -494,7 +494,7 @@ class StoreState:
         without reading a vector."""
         parts = [np.empty(0, np.int64)]
         for segment in self._sealed:
-            ids = segment.row_ids()
+            ids = segment.sorted_ids()
             dead = np.fromiter(sorted(segment.committed_tombstones), np.int64)
             parts.append(ids[~np.isin(ids, dead, assume_unique=True)] if dead.size else ids)
         return np.sort(np.concatenate(parts))
