@@ -22,7 +22,9 @@ store_scale.py's `TopK`, fed part by part):
   the count said), one FAISS thread.
 - latency, per setting: every query searched alone from one thread
   (`faiss.omp_set_num_threads(1)`), p50 and p99, recall@10 (|found & exact| / k, as
-  store_scale.py computes it). Page cache: **cold** for the first pass at the default
+  store_scale.py computes it). The search call alone is timed, answering as it answers
+  its users (the store: described hits; FAISS: arrays); reading the item ids out of the
+  answer for recall is not (`Searcher`). Page cache: **cold** for the first pass at the default
   setting after `sync; echo 1 > /proc/sys/vm/drop_caches` (when that file is writable,
   else said), then **warm**: one untimed pass at the widest setting (largest nprobe and
   oversample) before the timed passes, so every timed column but "cold" is warm.
