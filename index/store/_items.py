@@ -9,6 +9,7 @@ retrained or compacted from SQLite alone, and ``get`` returns the exact vector.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -106,6 +107,14 @@ def chunks(values: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[Any
 def placeholders(n: int) -> str:
     """The `?, ?, ...` of an `IN (...)` of n values."""
     return ",".join("?" * n)
+
+
+@functools.lru_cache(maxsize=1024)
+def in_list(sql: str, n: int) -> str:
+    """`sql` with its `{marks}` filled for an `IN (...)` of n values: made once per
+    statement and length, as a search describes its hits with the same one each time
+    (formatting it anew cost a search about 6 µs, its hits' whole SELECT 40)."""
+    return sql.format(marks=placeholders(n))
 
 
 class ItemTable:
