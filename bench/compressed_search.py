@@ -40,9 +40,12 @@ store_scale.py's `TopK`, fed part by part):
   (after one untimed pass of each at the widest setting, the store opened anew for it
   and warm as its own passes are: its mappings touched, not only the page cache): the
   same latency, recall and QPS columns, and the store's p50 / RefineFlat's p50 at the
-  same setting (the same candidates, so the same recall); then a **paired** pass, the
-  store's and RefineFlat's search of each query one after the other (alternating which
-  goes first), so that the ratios compare latencies measured under the same load.
+  same setting (the same candidates, so the same recall); then two **paired** passes,
+  the store's and RefineFlat's searches timed side by side under the same load (each
+  side runs turns of 50 queries back to back, which goes first alternating; and again
+  taking turns every query: bench/compressed_timing.py's PAIR_BLOCK says why both), so
+  that the ratios compare latencies measured under the same load
+  (bench/compressed_refine.py).
 - Milvus Lite (`--milvus-python PY`, a Python with pymilvus and milvus-lite, in child
   processes as store_scale.py runs it): the N vectors inserted once, then its
   `--milvus-index` (default IVF_SQ8, its compressed IVF index; milvus-lite has no
@@ -79,11 +82,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import faiss
 import numpy as np
+from compressed_refine import measure_refine  # bench/compressed_refine.py
 from compressed_report import CORES, K, Row, markdown, write_json  # bench/compressed_report.py
+from compressed_timing import batch_qps, single_pass, store_searcher  # bench/compressed_timing.py
 from machine import describe, load_average, work_directory  # bench/machine.py
 from search_qps import SEED, D, make_mixture
 from store_scale import (
@@ -94,13 +99,10 @@ from store_scale import (
     bench_milvus_insert,
     chosen_factories,
     dir_bytes,
-    id_of,
     key_of,
     milvus_usable,
     mixture_params,
     nlist_for,
-    pct,
-    recall,
     run_json,
 )
 
@@ -253,58 +255,6 @@ def drop_caches() -> str | None:
         return f"could not write {DROP_CACHES}: {exc.strerror or exc}"
 
 
-class Searcher(NamedTuple):
-    """A search to time (`call`: queries -> its own answer) and, untimed, the item ids
-    of that answer per query (`ids`): each side is timed answering as it answers its
-    users (the store: described hits; FAISS: arrays), not reading ids out of them."""
-
-    call: Any
-    ids: Any
-
-
-def single_pass(search: Searcher, q: np.ndarray, exact: np.ndarray) -> Row:
-    """Every query alone from one thread: p50/p99 ms and recall@10."""
-    faiss.omp_set_num_threads(1)
-    lat: list[float] = []
-    found: list[list[int]] = []
-    for i in range(len(q)):
-        t0 = time.perf_counter()
-        answer = search.call(q[i : i + 1])
-        lat.append(1e3 * (time.perf_counter() - t0))
-        found.append(search.ids(answer)[0])
-    return {
-        "p50_ms": pct(lat, 50),
-        "p99_ms": pct(lat, 99),
-        "recall@10": recall(found, exact),
-        "hits": [len(set(f) & set(e.tolist())) for f, e in zip(found, exact, strict=True)],
-    }
-
-
-def batch_qps(search: Searcher, q: np.ndarray) -> float:
-    """Queries per second of the whole batch in one call on every core (best of 2)."""
-    faiss.omp_set_num_threads(CORES)
-    best = float("inf")
-    for _ in range(2):
-        t0 = time.perf_counter()
-        search.call(q)
-        best = min(best, time.perf_counter() - t0)
-        if best > 3.0:
-            break
-    faiss.omp_set_num_threads(1)
-    return len(q) / best
-
-
-def store_searcher(store: Any, rescore: bool, oversample: int | None) -> Searcher:
-    return Searcher(
-        lambda q: store.search(q, K, rescore=rescore, oversample=oversample),
-        lambda hits: [[id_of(h.key) for h in row] for row in hits],
-    )
-
-
-def refine_searcher(refine: Any) -> Searcher:
-    return Searcher(lambda q: refine.search(q, K)[1], lambda ids: ids.tolist())
-
-
 def nprobes_for(params: dict[str, int], factor: int) -> list[int]:
     if "nprobe" not in params:
         return [0]
@@ -419,101 +369,6 @@ def measure_tuning(index: Path, data: dict[str, Any], target: float) -> Row:
     return row
 
 
-# -- FAISS IndexRefineFlat --------------------------------------------------------------
-
-
-def measure_refine(index: Path, work: Path, data: dict[str, Any], store_row: Row) -> Row:
-    """IndexRefineFlat over the store's own IVF-PQ segment (read into RAM)."""
-    segs = sorted(index.glob("seg.*.faiss"))
-    n = len(vectors(work))
-    if len(segs) != 1:
-        return {"skipped": f"{len(segs)} segments: RefineFlat needs the codes in one"}
-    rss0 = rss_mb()
-    t0 = time.perf_counter()
-    base = faiss.read_index(str(segs[0]))
-    if base.ntotal != n:
-        return {"skipped": f"the segment holds {base.ntotal:,} of {n:,} vectors"}
-    x = np.ascontiguousarray(vectors(work))
-    refine = faiss.IndexRefineFlat(base, faiss.swig_ptr(x))
-    del x
-    load_s = time.perf_counter() - t0
-    ivf = faiss.extract_index_ivf(base)
-    row: Row = {"load_s": load_s, "rss_added_mb": rss_mb() - rss0, "settings": []}
-    print(
-        f"\n== IndexRefineFlat over {segs[0].name} ({base.ntotal:,} codes + exact vectors in "
-        f"RAM): loaded in {load_s:.1f} s, RSS +{row['rss_added_mb']:,.0f} MB",
-        flush=True,
-    )
-    from vitrieval.index.store import IndexStore
-
-    q, exact = data["queries"], data["exact"]
-    wanted = [(s["nprobe"], s["oversample"]) for s in store_row["settings"] if s["rescore"]]
-    if not wanted:
-        return row | {"skipped": "the store measured no re-scored setting"}
-    store = IndexStore.open(index)
-    # warm as the store's own passes are: this store is opened anew, and a page of its
-    # mapped files that the page cache holds is still a page fault the first time this
-    # mapping touches it (the vectors file is advised random: no fault-around), where
-    # RefineFlat's copies were all touched when they were made. One untimed pass of
-    # each at the widest setting maps what the timed passes read.
-    widest = max(n for n, _ in wanted), max(o for _, o in wanted)
-    ivf.nprobe, refine.k_factor = widest[0], float(widest[1])
-    store.set_search_params(nprobe=widest[0])
-    t0 = time.perf_counter()
-    single_pass(store_searcher(store, True, widest[1]), q, exact)
-    single_pass(refine_searcher(refine), q, exact)
-    row["warm_pass_s"] = time.perf_counter() - t0
-    for nprobe, k_factor in wanted:
-        ivf.nprobe = nprobe
-        refine.k_factor = float(k_factor)
-        store.set_search_params(nprobe=nprobe)
-        search = refine_searcher(refine)
-        ours = store_searcher(store, True, k_factor)
-        r = {"nprobe": nprobe, "oversample": k_factor} | single_pass(search, q, exact)
-        r["qps"] = batch_qps(search, q)
-        r["paired"] = paired_pass(ours, search, q)
-        r["load"] = load_average()
-        row["settings"].append(r)
-        pair = r["paired"]
-        print(
-            f"  RefineFlat nprobe {nprobe} k_factor {k_factor}: recall@10 {r['recall@10']:.3f}, "
-            f"p50/p99 {r['p50_ms']:.2f}/{r['p99_ms']:.2f} ms, {r['qps']:,.0f} QPS; paired "
-            f"with the store: p50 {pair['a_p50_ms']:.2f} against {pair['b_p50_ms']:.2f} ms "
-            f"({pair['p50_ratio']:.2f}x), p99 {pair['p99_ratio']:.2f}x",
-            flush=True,
-        )
-    store.close()
-    return row  # the RefineFlat index (its RAM) goes with this frame
-
-
-def paired_pass(a: Searcher, b: Searcher, q: np.ndarray) -> Row:
-    """Both searches of every query, alternating which goes first, from one thread:
-    their latencies side by side under the same load (a shared machine's bursts hit
-    both), p50 and p99 each and as a / b ratios."""
-    faiss.omp_set_num_threads(1)
-    times: tuple[list[float], list[float]] = ([], [])
-    for i in range(len(q)):
-        order = (0, 1) if i % 2 == 0 else (1, 0)
-        for which in order:
-            t0 = time.perf_counter()
-            (a, b)[which].call(q[i : i + 1])
-            times[which].append(1e3 * (time.perf_counter() - t0))
-    row = {f"{side}_{stat}_ms": pct(t, level)
-           for side, t in zip("ab", times, strict=True)
-           for stat, level in (("p50", 50), ("p99", 99))}  # fmt: skip
-    row["p50_ratio"] = row["a_p50_ms"] / row["b_p50_ms"]
-    row["p99_ratio"] = row["a_p99_ms"] / row["b_p99_ms"]
-    return row
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 # -- Milvus Lite -------------------------------------------------------------------------
 
 
@@ -596,7 +451,7 @@ def main() -> None:
             )
             row |= measure_store(name, index, data, args, cold_ok)
             if name == "ivf-pq" and not args.no_refine and args.n <= 1_000_000:
-                row["refine"] = measure_refine(index, work, data, row)
+                row["refine"] = measure_refine(index, vectors(work), data, row)
             if row["compressed"] and args.target_recall:
                 row["tuned"] = measure_tuning(index, data, args.target_recall)
             row["load_after"] = load_average()
