@@ -22,12 +22,14 @@ from compressed_timing import (
 from machine import load_average  # bench/machine.py
 
 
-def measure_refine(index: Path, vectors: np.ndarray, data: dict[str, Any], store_row: Row) -> Row:
-    """IndexRefineFlat over the store's own IVF-PQ segment (read into RAM) and float32
-    (n, d) `vectors`, the ones the store holds: per re-scored setting of `store_row`,
+def measure_refine(index: Path, vectors_file: Path, data: dict[str, Any], store_row: Row) -> Row:
+    """IndexRefineFlat over the store's own IVF-PQ segment (read into RAM) and the float32
+    (n, d) vectors the store holds (`vectors_file`, .npy): per re-scored setting of `store_row`,
     its latency, recall and QPS, then two paired passes with the store (in turns of
     PAIR_BLOCK queries, and taking turns every query)."""
     segs = sorted(index.glob("seg.*.faiss"))
+    # mapped here and let go once copied: the copy in RAM is what RefineFlat adds
+    vectors = np.load(vectors_file, mmap_mode="r")
     n = len(vectors)
     if len(segs) != 1:
         return {"skipped": f"{len(segs)} segments: RefineFlat needs the codes in one"}
@@ -38,7 +40,7 @@ def measure_refine(index: Path, vectors: np.ndarray, data: dict[str, Any], store
         return {"skipped": f"the segment holds {base.ntotal:,} of {n:,} vectors"}
     x = np.ascontiguousarray(vectors)
     refine = faiss.IndexRefineFlat(base, faiss.swig_ptr(x))
-    del x
+    del x, vectors
     load_s = time.perf_counter() - t0
     ivf = faiss.extract_index_ivf(base)
     row: Row = {"load_s": load_s, "rss_added_mb": rss_mb() - rss0, "settings": []}

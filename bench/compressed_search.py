@@ -133,7 +133,7 @@ def write_data(work: Path, n: int, queries: int) -> dict[str, Any]:
     centres, rot = mixture_params()
     q = make_mixture(queries, centres, rot, SEED + 20 + n)
     np.save(work / "queries_all.npy", q)
-    raw = np.lib.format.open_memmap(work / "vectors.npy", "w+", np.float32, (n, D))
+    raw = np.lib.format.open_memmap(vectors_file(work), "w+", np.float32, (n, D))
     exact = TopK(q, K)
     for p, start in enumerate(range(0, n, PART_ROWS)):
         m = min(PART_ROWS, n - start)
@@ -148,8 +148,12 @@ def write_data(work: Path, n: int, queries: int) -> dict[str, Any]:
     return {"queries": q, "exact": exact.ids, "data_s": seconds}
 
 
+def vectors_file(work: Path) -> Path:
+    return work / "vectors.npy"
+
+
 def vectors(work: Path) -> np.ndarray:
-    return np.load(work / "vectors.npy", mmap_mode="r")
+    return np.load(vectors_file(work), mmap_mode="r")
 
 
 # -- build -----------------------------------------------------------------------------
@@ -451,7 +455,7 @@ def main() -> None:
             )
             row |= measure_store(name, index, data, args, cold_ok)
             if name == "ivf-pq" and not args.no_refine and args.n <= 1_000_000:
-                row["refine"] = measure_refine(index, vectors(work), data, row)
+                row["refine"] = measure_refine(index, vectors_file(work), data, row)
             if row["compressed"] and args.target_recall:
                 row["tuned"] = measure_tuning(index, data, args.target_recall)
             row["load_after"] = load_average()
