@@ -320,3 +320,11 @@ def test_concurrent_async_searches_equal_the_sync_ones(client, server, gallery):
     for got, want in zip(answers, expected, strict=True):
         assert [h.key for h in got.hits] == [h.key for h in want.hits]
         assert [h.score for h in got.hits] == pytest.approx([h.score for h in want.hits])
+
+
+def test_a_collection_name_is_one_quoted_part_of_the_path():
+    with Client("http://127.0.0.1:9", collection="a/b ?") as client:
+        assert client.addressed("/v1/search") == "/v1/collections/a%2Fb%20%3F/search"
+        assert client.addressed("/v1/collections") == "/v1/collections"
+        assert client.addressed("/healthz") == "/healthz"
+        assert client.in_collection(None).addressed("/v1/search") == "/v1/search"

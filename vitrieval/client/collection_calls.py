@@ -21,7 +21,7 @@ COLLECTIONS = "/v1/collections"
 ALIASES = "/v1/aliases"
 
 
-def _path(*parts: str) -> str:
+def api_path(*parts: str) -> str:
     """A path of the API from its parts, names and ids quoted whole (a '/' or '..' in
     one stays part of it, as the server then refuses it)."""
     return "/".join(quote(part, safe="") if i else part for i, part in enumerate(parts))
@@ -34,7 +34,7 @@ def collections() -> Call[answers.CollectionList]:
 
 def get_collection(name: str) -> Call[answers.CollectionOut]:
     """One collection (or the one the alias `name` names)."""
-    return Call("GET", _path(COLLECTIONS, name), _model(answers.CollectionOut))
+    return Call("GET", api_path(COLLECTIONS, name), _model(answers.CollectionOut))
 
 
 def create_collection(
@@ -51,7 +51,7 @@ def create_collection(
     fields = None if filter_fields is None else list(filter_fields)
     body = _given(model=model, snapshot=snapshot, factory=factory, filter_fields=fields)
     return Call(
-        "PUT", _path(COLLECTIONS, name), _model(answers.CollectionOut), json=body, write=True,
+        "PUT", api_path(COLLECTIONS, name), _model(answers.CollectionOut), json=body, write=True,
         idempotent=False,
     )  # fmt: skip
 
@@ -60,7 +60,7 @@ def delete_collection(name: str) -> Call[answers.CollectionDeleted]:
     """Delete collection `name` (not while an alias names it); its snapshots are moved
     aside, out of reach of a later collection of that name. Needs the admin key."""
     gone = answers.CollectionDeleted(collection=name, deleted=True)
-    return _deletion(_path(COLLECTIONS, name), gone)
+    return _deletion(api_path(COLLECTIONS, name), gone)
 
 
 def aliases() -> Call[answers.AliasList]:
@@ -71,14 +71,14 @@ def aliases() -> Call[answers.AliasList]:
 def set_alias(alias: str, collection: str) -> Call[answers.AliasOut]:
     """Point `alias` at `collection`, atomically. Needs the admin key."""
     return Call(
-        "PUT", _path(ALIASES, alias), _model(answers.AliasOut), json={"collection": collection},
+        "PUT", api_path(ALIASES, alias), _model(answers.AliasOut), json={"collection": collection},
         write=True,
     )  # fmt: skip
 
 
 def delete_alias(alias: str) -> Call[answers.AliasOut]:
     """Delete `alias`. Needs the admin key."""
-    return Call("DELETE", _path(ALIASES, alias), _model(answers.AliasOut), write=True)
+    return Call("DELETE", api_path(ALIASES, alias), _model(answers.AliasOut), write=True)
 
 
 def promote(
@@ -100,7 +100,7 @@ def promote(
     body: dict[str, Any] = {"collection": collection, "evaluation": evaluation}
     body |= _given(metric=metric, min_gain=min_gain)
     return Call(
-        "POST", _path(ALIASES, alias, "promote"), _model(answers.PromoteResponse), json=body,
+        "POST", api_path(ALIASES, alias, "promote"), _model(answers.PromoteResponse), json=body,
         write=True, idempotent=False,
     )  # fmt: skip
 
@@ -110,48 +110,48 @@ def start_reembed(collection: str, model: str, into: str) -> Call[answers.Reembe
     again from its image by `model` (a file under the data folder's models/): a job,
     answered at once; `reembed_job` reads its progress. Needs the admin key."""
     body = {"model": model, "collection": into}
+    path = api_path(COLLECTIONS, collection, "reembed")
     return Call(
-        "POST", _path(COLLECTIONS, collection, "reembed"), _model(answers.ReembedJobOut), json=body,
-        write=True, idempotent=False,
-    )  # fmt: skip
+        "POST", path, _model(answers.ReembedJobOut), json=body, write=True, idempotent=False
+    )
 
 
 def reembed_job(collection: str, job: str) -> Call[answers.ReembedJobOut]:
     """A re-embedding job: `status` (running, done, failed, cancelled) and `embedded`
     (images read so far). Needs the admin key."""
-    path = _path(COLLECTIONS, collection, "reembed", job)
+    path = api_path(COLLECTIONS, collection, "reembed", job)
     return Call("GET", path, _model(answers.ReembedJobOut), write=True)
 
 
 def cancel_reembed(collection: str, job: str) -> Call[answers.ReembedJobOut]:
     """Cancel a re-embedding job; what it embedded is kept, and starting the same one
     again goes on from there. Needs the admin key."""
-    path = _path(COLLECTIONS, collection, "reembed", job)
+    path = api_path(COLLECTIONS, collection, "reembed", job)
     return Call("DELETE", path, _model(answers.ReembedJobOut), write=True)
 
 
 def create_snapshot(collection: str) -> Call[answers.SnapshotOut]:
     """Take a snapshot of `collection` while writes go on: exactly the items
     acknowledged before it. Needs a key that may write the collection."""
-    path = _path(COLLECTIONS, collection, "snapshots")
+    path = api_path(COLLECTIONS, collection, "snapshots")
     return Call("POST", path, _model(answers.SnapshotOut), write=True, idempotent=False)
 
 
 def snapshots(collection: str) -> Call[answers.SnapshotList]:
     """The snapshots kept of `collection`, oldest first."""
-    return Call("GET", _path(COLLECTIONS, collection, "snapshots"), _model(answers.SnapshotList))
+    return Call("GET", api_path(COLLECTIONS, collection, "snapshots"), _model(answers.SnapshotList))
 
 
 def download_snapshot(collection: str, snapshot: str) -> Call[bytes]:
     """A snapshot as the bytes of its tar file (`vitrieval-index restore FILE --out
     DIR` makes an index folder of it)."""
-    path = _path(COLLECTIONS, collection, "snapshots", snapshot)
+    path = api_path(COLLECTIONS, collection, "snapshots", snapshot)
     return Call("GET", path, lambda response: response.content)
 
 
 def delete_snapshot(collection: str, snapshot: str) -> Call[answers.SnapshotDeleted]:
     """Delete a kept snapshot. Needs a key that may write the collection."""
-    path = _path(COLLECTIONS, collection, "snapshots", snapshot)
+    path = api_path(COLLECTIONS, collection, "snapshots", snapshot)
     return _deletion(path, answers.SnapshotDeleted(snapshot=snapshot, deleted=True))
 
 

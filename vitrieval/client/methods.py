@@ -13,7 +13,6 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
-from urllib.parse import quote
 
 import httpx
 
@@ -88,8 +87,8 @@ class ClientBase:
             return path
         if path.startswith((collection_calls.COLLECTIONS, collection_calls.ALIASES)):
             return path
-        collection = quote(self.collection, safe="")
-        return f"{collection_calls.COLLECTIONS}/{collection}{path.removeprefix('/v1')}"
+        where = collection_calls.api_path(collection_calls.COLLECTIONS, self.collection)
+        return where + path.removeprefix("/v1")
 
     def in_collection(self, collection: str | None) -> Self:
         """This client addressing `collection` (a name or an alias; None: the server's
