@@ -24,6 +24,7 @@ from store_helpers import (  # tests/store_helpers.py
 
 from vitrieval.index.runtime.model_metadata import read_model_metadata
 from vitrieval.index.store import IndexStore, StoreError, suggest_factory
+from vitrieval.index.store._items import IN_CHUNK
 from vitrieval.index.store._leases import LEASE_DIR
 from vitrieval.index.store._vectors import VectorIndex
 
@@ -84,6 +85,20 @@ def test_flat_equals_brute_force_with_ties(tmp_path: Path) -> None:
     # a query equal to a duplicated row: its 5 copies tie at the top, in insertion order
     top = as_pairs(store.search(x[:1], 5))[0]
     assert [row for row, _ in top] == [0, 300, 301, 302, 303]
+
+
+def test_a_search_deeper_than_one_in_list_describes_every_hit(tmp_path: Path) -> None:
+    # a sealed segment looks its hits up IN_CHUNK ids per statement: deeper takes several
+    rng = np.random.default_rng(6)
+    x = exact_vectors(rng, 2 * IN_CHUNK + 200)
+    queries = exact_vectors(rng, 2)
+    labels = [f"class-{i % 7}" for i in range(len(x))]
+    store = build(tmp_path / "idx", x, labels=labels)
+    store.save()
+    k = 2 * IN_CHUNK + 100
+    hits = store.search(queries, k)
+    assert as_pairs(hits) == brute_force(queries, x, k)
+    assert all(h.label == labels[int(h.key)] for row in hits for h in row)
 
 
 def test_ivf_full_probe_equals_brute_force(tmp_path: Path) -> None:
