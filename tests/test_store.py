@@ -115,6 +115,29 @@ def test_ivf_full_probe_equals_brute_force(tmp_path: Path) -> None:
     assert reopened.info()["search_params"]["nprobe"] == 32  # saved inside the FAISS file
 
 
+@pytest.mark.parametrize("journal", [False, True])
+def test_adds_after_opening_are_searched_with_the_saved_nprobe(tmp_path: Path, journal) -> None:
+    # nprobe set after the first save lives in the manifest, not in the quantizer file:
+    # the items added after opening (or replayed from the journal) must be probed with
+    # it too, here nprobe = nlist, so the search is exact
+    rng = np.random.default_rng(7)
+    x, later = exact_vectors(rng, 500), exact_vectors(rng, 200)
+    queries = np.concatenate([later[:3], exact_vectors(rng, 5)])
+    store = build(tmp_path / "idx", x, factory="IVF16,Flat")
+    store.save()
+    store.set_search_params(nprobe=16)
+    store.save()
+    store.close()
+    store = IndexStore.open(tmp_path / "idx", journal=journal)
+    store.add([str(len(x) + i) for i in range(len(later))], later)
+    if journal:  # unsaved: the next open replays them
+        store.close()
+        store = IndexStore.open(tmp_path / "idx", journal=True)
+    both = np.concatenate([x, later])
+    assert as_pairs(store.search(queries, 50)) == brute_force(queries, both, 50)
+    store.close()
+
+
 def test_hnsw_recall_at_10(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     x, queries = unit_vectors(rng, 2000, 64), unit_vectors(rng, 200, 64)

@@ -126,6 +126,14 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
             sealed.append(SealedSegment(directory, entry, manifest.dim, gpu, manifest.factory))
         if manifest.dba_index is not None:
             dba_index = DbaIndex(directory, manifest.dba_index, manifest.dim)
+        # the saved settings before the state is made: its growing segment is a copy
+        # of the template, and adds after opening (or replayed from the journal) go there
+        for name, value in manifest.search_params.items():
+            if name not in FAISS_PARAMS:
+                continue
+            VectorIndex(template, "cpu").set_parameter(name, value)
+            for segment in sealed:
+                segment.vectors.set_parameter(name, value)
     except BaseException:
         for segment in sealed:
             segment.close()
@@ -141,12 +149,6 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
         dba_index=dba_index,
         lease=lease,  # held while the state reads these files: a writer keeps them
     )
-    for name, value in manifest.search_params.items():
-        if name not in FAISS_PARAMS:
-            continue
-        VectorIndex(template, "cpu").set_parameter(name, value)
-        for segment in sealed:
-            segment.vectors.set_parameter(name, value)
     live = sum(s.live_count for s in sealed)
     if live != manifest.count:
         state.close()
