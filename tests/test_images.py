@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -84,6 +85,15 @@ def test_broken_input_raises_decode_error(payload):
 def test_missing_file(tmp_path):
     with pytest.raises(ImageDecodeError, match="cannot read"):
         open_image(tmp_path / "none.jpg")
+
+
+def test_a_pipe_or_folder_named_as_an_image_is_refused_without_waiting(tmp_path):
+    # opening a FIFO for reading waits for a writer: a decode must refuse it at once
+    os.mkfifo(tmp_path / "pipe.png")
+    with pytest.raises(ImageDecodeError, match="not a regular file"):
+        open_image(tmp_path / "pipe.png")
+    with pytest.raises(ImageDecodeError, match="not a regular file"):
+        open_image(tmp_path)
 
 
 # -- decoding memory: the plan, strip-wise reduction, the shared budget ------------------

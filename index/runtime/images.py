@@ -26,10 +26,12 @@ import contextlib
 import functools
 import io
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import BinaryIO
 
 from PIL import Image, ImageFile, PngImagePlugin, UnidentifiedImageError
 
@@ -205,12 +207,27 @@ def open_image(
             raise ImageDecodeError(f"{name}: corrupt or truncated image ({exc})") from None
 
 
+def _regular_file(path: str | os.PathLike[str], name: str) -> BinaryIO:
+    """`path` opened for reading, refused unless it is a regular file: opening a FIFO
+    waits for a writer and reading a device never ends, so a decode would hang on one
+    (opened non-blocking to look, then read as a file is)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ImageDecodeError(f"{name}: not a regular file (a folder, pipe, device or socket)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @contextlib.contextmanager
 def _opened(source: Source) -> Iterator[tuple[Image.Image, str]]:
     """`Image.open` with the allowlist applied: the header is parsed, no pixels read."""
     name = "<bytes>" if isinstance(source, bytes) else str(source)
     try:
-        fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+        fp = io.BytesIO(source) if isinstance(source, bytes) else _regular_file(source, name)
     except OSError as exc:
         raise ImageDecodeError(f"{name}: cannot read file ({exc.strerror or exc})") from None
     with fp:
