@@ -272,6 +272,10 @@ def test_csv_list_errors(tmp_path: Path) -> None:
     bad.write_text("path,label\n")
     with pytest.raises(DatasetError, match="lists no images"):
         csv_list(bad)
+    deep = "[" * 20_000 + "]" * 20_000  # nested past the parser's depth
+    bad.write_text(f'path,label,metadata\na.png,x,"{deep}"\n')
+    with pytest.raises(DatasetError, match=r"bad.csv:2: metadata is not JSON"):
+        csv_list(bad)
 
 
 def test_load_csv(tmp_path: Path) -> None:

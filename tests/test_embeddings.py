@@ -401,6 +401,12 @@ def _bad_folders(fingerprint: str) -> list[tuple[str, list[dict], dict | None, s
             "key 'k1': metadata is not JSON",
         ),
         (
+            "metadata nested too deep",
+            [{**ok, "metadata": ["{}", "[" * 20_000 + "]" * 20_000, None, "1", "{}", "{}"]}],
+            None,
+            "key 'k1': metadata is not JSON",
+        ),
+        (
             "null key",
             [{**ok, "key": ["a", None, "c", "d", "e", "f"]}],
             None,

@@ -20,6 +20,7 @@ from vitrieval.training.config import (
     LOSS_OPTIONS,
     POOL_FLAGS,
     POOL_OPTIONS,
+    ConfigError,
     FitConfig,
     config_from_args,
     load_config_file,
@@ -220,6 +221,20 @@ def test_config_yaml_keeps_its_pooling_and_loss_entries(tmp_path):
     }
     assert {k: saved[k] for k in recorded} == recorded
     assert FitConfig(**load_config_file(tmp_path / "config.yaml")) == cfg
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("deep.json", b"[" * 20_000 + b"]" * 20_000),  # nested past the parser's depth
+        ("latin.json", b'{"epochs": "\xe9"}'),  # not UTF-8
+        ("bad.yaml", b"epochs: [1"),
+    ],
+)
+def test_an_unreadable_config_file_is_one_config_error(tmp_path, name, content) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ConfigError, match=f"cannot parse .*{name}"):
+        load_config_file(tmp_path / name)
 
 
 BUILT = {

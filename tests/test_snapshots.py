@@ -130,13 +130,15 @@ def test_a_damaged_or_foreign_stream_restores_nothing(index: Path, tmp_path: Pat
     # cut short, and not a snapshot at all
     with pytest.raises(StoreError, match=r"not a complete snapshot|missing"):
         restore_snapshot(io.BytesIO(buffer.getvalue()[: len(data) // 2]), tmp_path / "bad")
-    plain = io.BytesIO()
-    with tarfile.open(fileobj=plain, mode="w") as tar:
-        info = tarfile.TarInfo("notes.txt")
-        info.size = 2
-        tar.addfile(info, io.BytesIO(b"hi"))
-    with pytest.raises(StoreError, match=f"valid {SNAPSHOT_FILE}"):
-        restore_snapshot(io.BytesIO(plain.getvalue()), tmp_path / "bad")
+    deep = b"[" * 20_000 + b"]" * 20_000  # nested past the parser's depth
+    for name, content in (("notes.txt", b"hi"), (SNAPSHOT_FILE, deep)):
+        plain = io.BytesIO()
+        with tarfile.open(fileobj=plain, mode="w") as tar:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+        with pytest.raises(StoreError, match=f"valid {SNAPSHOT_FILE}"):
+            restore_snapshot(io.BytesIO(plain.getvalue()), tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bad.restore-")]
 

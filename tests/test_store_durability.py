@@ -91,6 +91,9 @@ def test_missing_or_bad_manifest_is_refused(saved_index: Path, tmp_path: Path) -
     manifest.write_text(text[: len(text) // 2])
     with pytest.raises(StoreError, match="not valid JSON"):
         IndexStore.open(saved_index)
+    manifest.write_text("[" * 20_000 + "]" * 20_000)  # nested past the parser's depth
+    with pytest.raises(StoreError, match="not valid JSON"):
+        IndexStore.open(saved_index)
     data = json.loads(text)
     data["segments"][0]["files"]["../outside.faiss"] = {"sha256": "0", "bytes": 1}
     manifest.write_text(json.dumps(data))

@@ -445,7 +445,8 @@ def load_config_file(path: Path, cls: type | None = FitConfig) -> dict[str, Any]
     try:
         text = path.read_text()
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    # RecursionError: nested too deep; UnicodeDecodeError: not UTF-8 text
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot parse {path}: {exc}") from None
     data = data or {}
     if not isinstance(data, dict):

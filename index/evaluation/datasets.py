@@ -375,7 +375,7 @@ def parse_metadata(text: str, where: str) -> dict:
 
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise DatasetError(f"{where}: metadata is not JSON ({exc})") from None
     if not isinstance(value, dict):
         raise DatasetError(

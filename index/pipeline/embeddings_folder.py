@@ -396,7 +396,7 @@ def _metadata(part: Path, value: str | None, key: str) -> dict | None:
         return None
     try:
         parsed = json.loads(value)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise EmbeddingsError(f"{part}: key {key!r}: metadata is not JSON ({exc})") from None
     if not isinstance(parsed, dict):
         raise EmbeddingsError(f"{part}: key {key!r}: metadata must be a JSON object")

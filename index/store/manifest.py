@@ -349,7 +349,7 @@ def read_manifest_json(directory: Path) -> Any:
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         raise StoreError(f"{path} is not valid JSON (damaged or not an index manifest)") from None
     return data
 

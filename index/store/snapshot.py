@@ -269,7 +269,7 @@ def _read_info(name: str, data: bytes) -> SnapshotInfo:
             str(k): mf.FileEntry(str(v["sha256"]), int(v["bytes"])) for k, v in raw["files"].items()
         }
         return SnapshotInfo(int(raw["generation"]), int(raw["count"]), str(raw["created"]), files)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise StoreError(
             f"not a vitrieval snapshot (format {SNAPSHOT_FORMAT}): its first member is not "
             f"a valid {SNAPSHOT_FILE}"
