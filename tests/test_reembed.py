@@ -92,3 +92,20 @@ def test_a_killed_run_resumes_to_the_unbroken_result(
         assert 24 <= len(store) < 120  # stopped half-way
     assert run(capsys, *argv, "--out", broken)[0] == 0
     assert contents(broken) == contents(whole)
+
+
+def test_a_sharded_index_is_embedded_again_into_one_index(
+    digits_gallery: dict[str, Path], tiny_onnx: Path, tiny_onnx_other: Path, tmp_path: Path, capsys
+) -> None:
+    emb, sharded, out = tmp_path / "emb", tmp_path / "sharded", tmp_path / "dst"
+    code, _, err = run(
+        capsys, "embed", "--model", tiny_onnx, "--images", digits_gallery["list"], "--out", emb
+    )
+    assert code == 0, err
+    code, _, err = run(capsys, "build", "--embeddings", emb, "--out", sharded, "--shards", "2")
+    assert code == 0, err
+    code, _, err = run(capsys, "reembed", sharded, "--model", tiny_onnx_other, "--out", out)
+    assert code == 0, err
+    with IndexStore.open(out) as store:
+        assert len(store) == 120 and store.fingerprint == Embedder(tiny_onnx_other).fingerprint
+        assert store.info()["filter_fields"] is None  # the sharded index's: every field

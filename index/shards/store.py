@@ -417,6 +417,7 @@ def combine_info(
         "model_file": parts[0]["model_file"],
         "trained": all(p["trained"] for p in parts),
         "search_params": parts[0]["search_params"],
+        "filter_fields": parts[0]["filter_fields"],  # one setting, given every shard
         "tuning": parts[0]["tuning"],
         "calibration": parts[0]["calibration"],
         "gpu": parts[0]["gpu"],
