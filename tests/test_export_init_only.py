@@ -142,6 +142,20 @@ def test_a_vitrieval_weights_file_brings_its_head(tmp_path, capsys):
     )
 
 
+def test_weights_that_make_the_model_answer_nan_are_not_exported(tmp_path, capsys):
+    # NaN differs from nothing: the parity check must not pass a model whose own
+    # output is NaN
+    broken = build_model("tiny", "ggem", dim=16)
+    with torch.no_grad():
+        broken.pool.p.fill_(float("nan"))
+    weights = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in broken.state_dict().items()}, str(weights))
+    args = ["export", "--init-only", "--preset", "tiny", "--dim", "16"]
+    assert main([*args, "--pretrained", str(weights), "--out", str(tmp_path / "m.onnx")]) == 2
+    assert "the PyTorch model's own output is not finite" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_an_index_built_with_the_exported_model(tmp_path, capsys):
     model = tmp_path / "m.onnx"
     assert main(["export", "--init-only", "--preset", "tiny", "--out", str(model)]) == 0
@@ -172,6 +186,9 @@ def test_an_index_built_with_the_exported_model(tmp_path, capsys):
         (["--init-only", "--pool", "avg", "--pool-groups", "2"], "--pool-groups is an option"),
         (["--init-only", "--dim", "0"], "--dim must be >= 1"),
         (["--init-only", "--pretrained", "missing.pth"], "--pretrained missing.pth: no such file"),
+        (["--init-only", "--pool", "gem", "--pool-p", "nan"], "--pool-p must be a finite number"),
+        (["--init-only", "--opset", "999"], "ONNX export at opset 999 failed"),
+        (["--init-only", "--opset", "1"], "ONNX export at opset 1 failed"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, needle):
@@ -179,6 +196,13 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     err = capsys.readouterr().err
     assert err.startswith("vitrieval-train export: error: ") and needle in err
     assert err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_a_folder_is_a_one_line_error(tmp_path, capsys):
+    assert main(["export", "--init-only", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder: --out names the .onnx file to write" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
 
 

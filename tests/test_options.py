@@ -302,6 +302,8 @@ def test_bounds_are_the_declared_rules():
     assert POOL_FLAGS["pool_rank"].violated(0) == "must be >= 1, got 0"
     assert POOL_FLAGS["pool_rank"].violated(None) is None
     assert LOSS_FLAGS["temperature"].violated(0.0) == "must be > 0, got 0.0"
+    assert POOL_FLAGS["pool_p"].violated(float("nan")) == "must be a finite number, got nan"
+    assert LOSS_FLAGS["temperature"].violated(float("inf")) == "must be a finite number, got inf"
     with pytest.raises(ValueError, match="bound"):
         option(1, "x", bound=("<", 3))
 

@@ -124,13 +124,19 @@ def export_model(
     """
     model = model.eval().cpu()
     out = Path(out)
+    if out.is_dir():
+        raise ExportError(f"{out} is a folder: --out names the .onnx file to write")
     if external_data is None:
         external_data = weights_bytes(model) > EXTERNAL_DATA_THRESHOLD
     out.parent.mkdir(parents=True, exist_ok=True)
     data_path = external_data_path(out)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
         staged = Path(work) / out.name
-        _write_onnx(model, meta, staged, opset, data_path.name if external_data else None)
+        try:
+            _write_onnx(model, meta, staged, opset, data_path.name if external_data else None)
+        except (RuntimeError, ValueError) as exc:  # an opset the exporter cannot write
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExportError(f"ONNX export at opset {opset} failed: {reason}") from None
         diffs = parity_check(model, staged, meta) if check else {}
         staged_data = staged.with_name(data_path.name)
         size = staged.stat().st_size + (staged_data.stat().st_size if external_data else 0)
@@ -278,6 +284,8 @@ def parity_check(model: EmbeddingModel, onnx_path: Path, meta: ModelMetadata) ->
     with torch.no_grad():
         for name, batch in cases.items():
             expected = model(torch.from_numpy(batch)).numpy()
+            if not np.isfinite(expected).all():  # NaN differs from nothing: say so
+                raise ExportError(f"{name}: the PyTorch model's own output is not finite")
             (got,) = session.run([OUTPUT_NAME], {INPUT_NAME: batch})
             if got.shape != expected.shape:
                 raise ExportError(
@@ -285,7 +293,7 @@ def parity_check(model: EmbeddingModel, onnx_path: Path, meta: ModelMetadata) ->
                 )
             diffs[name] = float(np.abs(got - expected).max())
     worst = max(diffs, key=diffs.get)
-    if diffs[worst] > PARITY_TOLERANCE:
+    if not diffs[worst] <= PARITY_TOLERANCE:  # NaN included
         raise ExportError(
             f"ONNX Runtime disagrees with PyTorch on {worst}: "
             f"max |diff| {diffs[worst]:.3e} > {PARITY_TOLERANCE}"

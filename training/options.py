@@ -18,6 +18,7 @@ This module imports no torch: `vitrieval-train --help` reads it and stays fast.
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
@@ -217,6 +218,10 @@ class FlagOption:
             return None
         if self.choices and value not in self.choices:
             return f"must be one of {' | '.join(self.choices)}, got {value!r}"
+        if isinstance(value, float) and not math.isfinite(value):
+            # NaN passes every comparison's "not below", and a model built from it
+            # answers NaN
+            return f"must be a finite number, got {value}"
         if self.bound is None:
             return None
         op, limit = self.bound
