@@ -13,6 +13,7 @@ from sklearn.datasets import load_digits
 
 from vitrieval.index.evaluation.datasets import (
     DATASET_NAMES,
+    DIGITS_MAX_SIZE,
     DatasetError,
     Item,
     Split,
@@ -117,6 +118,9 @@ def test_digits_image_size_and_bad_split() -> None:
     assert split.train[0].pixels.shape == (16, 16)
     with pytest.raises(DatasetError, match="unknown split 'random'"):
         digits("random")
+    for size in (0, DIGITS_MAX_SIZE + 1, 100_000):  # all 1,797 are held in memory
+        with pytest.raises(DatasetError, match=f"from 1 to {DIGITS_MAX_SIZE} pixels"):
+            digits(image_size=size)
 
 
 # ---------------------------------------------------------------- splits

@@ -245,6 +245,11 @@ def _natural_key(text: str) -> list[tuple[int, int | str]]:
     ]
 
 
+DIGITS_MAX_SIZE = 1024
+"""The largest side digits are upscaled to: all 1,797 are held in memory, 1.9 GB at
+this size (a side of 100,000 pixels asked for 18 TB)."""
+
+
 def digits(
     split: str = "stratified", *, test_fraction: float = 0.3, seed: int = 0, image_size: int = 32
 ) -> Split:
@@ -256,8 +261,10 @@ def digits(
     """
     from sklearn.datasets import load_digits  # deferred: sklearn import is slow
 
-    if image_size < 1:
-        raise DatasetError(f"image_size must be a positive number of pixels, got {image_size}")
+    if not 1 <= image_size <= DIGITS_MAX_SIZE:
+        raise DatasetError(
+            f"image_size must be from 1 to {DIGITS_MAX_SIZE} pixels for digits, got {image_size}"
+        )
     _protocol(split)  # fail on a bad name before the work
     data = load_digits()
     items = []
