@@ -74,9 +74,16 @@ def _url(url: str, mode: str) -> Iterator[IO[bytes]]:
         raise StoreError(f"not found: {url}") from None
     except (OSError, ValueError) as exc:
         raise StoreError(f"cannot open {url}: {exc}") from None
+    except Exception as exc:
+        # the protocol's own: botocore's NoCredentialsError or EndpointConnectionError,
+        # NotImplementedError for one that cannot write (http); nothing of ours runs here
+        raise StoreError(f"cannot open {url}: {_reason(exc)}") from None
     try:
         yield cast(IO[bytes], _Reads(fh, url)) if mode == "rb" else fh
-        fh.close()
+        try:
+            fh.close()  # a write's upload completes here
+        except Exception as exc:
+            raise StoreError(f"cannot complete {url}: {_reason(exc)}") from None
     except BaseException:
         # an S3 upload not completed stays invisible: discard it rather than finish it
         with contextlib.suppress(Exception):
@@ -84,6 +91,11 @@ def _url(url: str, mode: str) -> Iterator[IO[bytes]]:
                 fh.discard()
                 fh.closed = True  # discarded: closing must not upload what is left
         raise
+
+
+def _reason(exc: Exception) -> str:
+    """An exception of the URL's protocol as one phrase: its type, and its text if any."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class _Reads:
@@ -100,7 +112,7 @@ class _Reads:
         try:
             return self._stream.read(size)
         except Exception as exc:
-            raise StoreError(f"cannot read {self._url}: {type(exc).__name__}: {exc}") from None
+            raise StoreError(f"cannot read {self._url}: {_reason(exc)}") from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -1,6 +1,6 @@
-"""Reading snapshots from URLs (index/remote_files.py), through fsspec's in-memory
-filesystem: a failed read of the URL is a StoreError, a failure of the reader's own
-work is not."""
+"""Reading and writing snapshots at URLs (index/remote_files.py), through fsspec's
+in-memory filesystem: a failed open, read or upload of the URL is a StoreError, a
+failure of the reader's own work is not."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import errno
 import fsspec  # the s3 extra, which the dev extra installs
 import pytest
 
-from vitrieval.index.remote_files import reading
+from vitrieval.index.remote_files import reading, writing
 from vitrieval.index.store import StoreError
 
 
@@ -52,3 +52,39 @@ def test_a_missing_url_is_a_store_error() -> None:
         reading("memory://backups/none.tar"),
     ):
         pass
+
+
+class _ProtocolFailure(Exception):
+    """What a protocol's package raises of its own (botocore's NoCredentialsError, ...)."""
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        (_ProtocolFailure("Unable to locate credentials"), "_ProtocolFailure: Unable to locate"),
+        (NotImplementedError(), "NotImplementedError"),  # http cannot write
+    ],
+)
+def test_a_url_that_cannot_be_opened_is_a_store_error(monkeypatch, exc, said) -> None:
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    def refuse(self, path, mode="rb", **kwargs):
+        raise exc
+
+    monkeypatch.setattr(MemoryFileSystem, "_open", refuse)
+    for opened in (reading, writing):
+        expected = rf"cannot open memory://b/snap\.tar: {said}"
+        with pytest.raises(StoreError, match=expected), opened("memory://b/snap.tar"):
+            pass
+
+
+def test_an_upload_that_fails_at_the_end_is_a_store_error(monkeypatch) -> None:
+    from fsspec.implementations.memory import MemoryFile
+
+    def refuse(self) -> None:
+        raise _ProtocolFailure("the upload was refused")
+
+    monkeypatch.setattr(MemoryFile, "close", refuse)
+    expected = r"cannot complete memory://b/up\.tar: .*refused"
+    with pytest.raises(StoreError, match=expected), writing("memory://b/up.tar") as fh:
+        fh.write(b"x" * 10)
