@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -201,6 +202,17 @@ def test_image_folder_errors(tmp_path: Path) -> None:
     (tmp_path / "empty" / "readme.txt").write_text("x")
     with pytest.raises(DatasetError, match=r"empty: class folder holds no images"):
         image_folder(tmp_path)
+
+
+def test_a_file_name_that_is_not_utf8_is_named_not_a_failed_write(tmp_path: Path) -> None:
+    from vitrieval.index.pipeline.sources import walk_images
+
+    write_image(tmp_path / "cat" / "a.png")
+    odd = os.fsdecode(bytes(tmp_path / "cat") + b"/caf\xe9.png")  # Latin-1, as some tools write
+    write_image(Path(odd))
+    for walk in (image_folder, walk_images):
+        with pytest.raises(DatasetError, match=r"caf\\xe9\.png: the file name is not UTF-8"):
+            walk(tmp_path)
 
 
 def test_load_folder_stratified_and_disjoint(tmp_path: Path) -> None:

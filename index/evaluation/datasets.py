@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -298,10 +299,23 @@ def image_folder(root: str | Path) -> list[Item]:
             raise DatasetError(
                 f"{class_dir}: class folder holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})"
             )
-        items += [
-            Item(key=p.relative_to(root).as_posix(), label=class_dir.name, path=p) for p in files
-        ]
+        items += [Item(key=file_key(p, root), label=class_dir.name, path=p) for p in files]
     return sorted(items, key=lambda item: item.key)
+
+
+def file_key(path: Path, root: Path) -> str:
+    """The key of image file `path` below `root`: its relative path, posix. DatasetError
+    when the path is not UTF-8 text (a name written in another encoding): keys and
+    paths are stored as text, so the file is named rather than failing the write."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise DatasetError(
+            f"{shown}: the file name is not UTF-8 text (keys and paths are stored as "
+            "text): rename it"
+        ) from None
+    return path.relative_to(root).as_posix()
 
 
 def is_image_file(path: Path, root: Path) -> bool:

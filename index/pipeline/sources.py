@@ -21,7 +21,14 @@ from collections import Counter
 from pathlib import Path
 
 from ..atomic import atomic_path
-from ..evaluation.datasets import IMAGE_EXTENSIONS, DatasetError, Item, csv_list, is_image_file
+from ..evaluation.datasets import (
+    IMAGE_EXTENSIONS,
+    DatasetError,
+    Item,
+    csv_list,
+    file_key,
+    is_image_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +50,10 @@ def walk_images(
             and not any(part.startswith(".") for part in p.relative_to(root).parts)
         ]
     for path in (p for p in files if is_image_file(p, root)):
+        key = file_key(path, root)
         relative = path.relative_to(root)
         label = relative.parts[0] if labels_from_folders and len(relative.parts) > 1 else None
-        items.append(Item(key=relative.as_posix(), label=label, path=path))
+        items.append(Item(key=key, label=label, path=path))
     return items
 
 
