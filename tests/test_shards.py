@@ -392,6 +392,8 @@ def test_bad_sharded_builds_are_refused_in_one_line(tmp_path, capsys, tied, tiny
     cases = [
         (("--shards", "0", "--out", tmp_path / "a"), "--shards must be at least 1"),
         (("--shards", "-2", "--out", tmp_path / "a"), "--shards must be at least 1"),
+        (("--save-every", "0", "--out", tmp_path / "a"), "--save-every must be at least 1"),
+        (("--shards", "2", "--save-every", "-3", "--out", tmp_path / "a"), "--save-every must"),
     ]
     code, _, err = run(
         capsys,

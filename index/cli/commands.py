@@ -24,6 +24,7 @@ from .common import (
     add_ray_options,
     add_runtime_options,
     add_verbose_option,
+    checked_save_every,
     embedder_from_args,
     open_index_with_model,
 )
@@ -68,6 +69,7 @@ def _build(args: argparse.Namespace, items: list | None = None) -> int:
             "or a folder of embeddings (from `vitrieval-index embed`, for one)"
         )
     check_shards_option(args)
+    checked_save_every(args.save_every, 1)  # before the build: its value is read later
     if getattr(args, "target_recall", None) is not None:
         check_target(args.target_recall)  # before the build, not after it
     if getattr(args, "ray", None) and (
@@ -109,7 +111,7 @@ def _build_images(args: argparse.Namespace, items: list, skipped: list | None = 
         out,
         embedder,
         factory=_factory(args, out, len(items), embedder.dim, budget),
-        save_every=2048 if args.save_every is None else args.save_every,
+        save_every=checked_save_every(args.save_every, 2048),
         store=store,
     )
     for failure in report.failed[:10]:
@@ -156,8 +158,8 @@ def _build_embeddings(args: argparse.Namespace) -> int:
             fingerprint=folder.fingerprint,
             model_path=model,
         )
-    save_every = 1_000_000 if args.save_every is None else args.save_every
-    report = build_from_embeddings(folder, out, store, save_every=max(1, save_every))
+    save_every = checked_save_every(args.save_every, 1_000_000)
+    report = build_from_embeddings(folder, out, store, save_every=save_every)
     print(report.summary(out, "embeddings", f" from {folder.folder}"))
     return 0
 

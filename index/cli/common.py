@@ -38,6 +38,16 @@ def checked_oversample_option(value: int | None) -> int | None:
         raise ValueError(f"--oversample must be from 1 to {MAX_OVERSAMPLE}, got {value}") from None
 
 
+def checked_save_every(value: int | None, default: int) -> int:
+    """`--save-every N` as given, or `default` when not given; below 1 is a ValueError
+    in the option's words (one line, exit 2), not a commit after every item or none."""
+    if value is None:
+        return default
+    if value < 1:
+        raise ValueError(f"--save-every must be at least 1, got {value}")
+    return value
+
+
 def embedder_from_args(model: Path, args: argparse.Namespace):
     """The Embedder of `model` with the command's --device and --batch-size."""
     from ..runtime.embedder import Embedder

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from .arguments import Subcommands
-from .common import add_runtime_options, embedder_from_args
+from .common import add_runtime_options, checked_save_every, embedder_from_args
 
 
 def add_reembed_command(sub: Subcommands) -> None:
@@ -23,11 +23,10 @@ def add_reembed_command(sub: Subcommands) -> None:
 def _reembed(args: argparse.Namespace) -> int:
     from ..reembed import REPORT_FILE, reembed
 
-    if args.save_every < 1:
-        raise ValueError("--save-every must be at least 1")
+    save_every = checked_save_every(args.save_every, args.save_every)
     out = Path(args.out)
     report = reembed(
-        Path(args.src), out, embedder_from_args(Path(args.model), args), save_every=args.save_every
+        Path(args.src), out, embedder_from_args(Path(args.model), args), save_every=save_every
     )
     assert report.build is not None
     left = len(report.no_image) + len(report.image_gone)

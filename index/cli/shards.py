@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..shards.layout import PLAN_FILE, is_sharded, read_shards_manifest
+from .common import checked_save_every
 
 
 def add_shards_option(parser: argparse.ArgumentParser) -> None:
@@ -61,14 +62,14 @@ def build_sharded_from_args(
 
     out = Path(args.out)
     shards = args.shards or existing_shards(out) or 1
-    save_every = 1_000_000 if args.save_every is None else args.save_every
+    save_every = checked_save_every(args.save_every, 1_000_000)
     run_shards = None
     if getattr(args, "ray", None):  # each shard a Ray task (distributed/build.py)
         from vitrieval.distributed.build import shard_runner
 
         run_shards = shard_runner(args.ray)
     report = build_sharded(
-        folder.folder, out, str(model or ""), factory, shards, max(1, save_every), run_shards
+        folder.folder, out, str(model or ""), factory, shards, save_every, run_shards
     )
     present = f", {report['already_present']} already present" if report["already_present"] else ""
     print(
