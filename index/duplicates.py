@@ -90,6 +90,8 @@ def find_duplicates(
     keep = check_keep_rule(keep)
     where = Where(filter=filter)
     threshold = checked_threshold(threshold)
+    if not -1.0 <= threshold <= 1.0:  # unit vectors: a threshold outside finds nothing
+        raise StoreError(f"threshold must be a cosine, from -1 to 1, got {threshold:g}")
     info = store.info()  # the index itself: another one (or one made again) starts over
     header = {"index": str(Path(info["directory"]).resolve()), "created": info.get("created"),
               "threshold": threshold, "filter": _jsonable(filter)}  # fmt: skip

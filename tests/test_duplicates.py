@@ -152,9 +152,14 @@ def test_the_command_writes_json_and_csv(store, catalogue, capsys, tmp_path) -> 
         (["--out", tmp_path / "g.txt"], "--out must end in .json or .csv"),
         (["--out", tmp_path / "g.json", "--keep", "best"], "keep must be one of"),
         (["--out", tmp_path / "g.json", "--threshold", "nan"], "score_threshold must be"),
+        (["--out", tmp_path / "g.json", "--threshold", "1.5"], "must be a cosine, from -1 to 1"),
     ):
         code, _, err = run(capsys, "duplicates", index, "--threshold", THRESHOLD, *argv)
         assert code == 2 and err.count("\n") == 1 and message in err, err
+    for precision in ("1.5", "0"):
+        code, _, err = run(capsys, "duplicates", index, "--precision", precision, "--out",
+                           tmp_path / "g.json")  # fmt: skip
+        assert code == 2 and "precision must be a number between 0 and 1" in err, err
 
 
 def test_a_killed_run_resumes_to_the_same_groups(store, catalogue, tmp_path) -> None:

@@ -61,7 +61,7 @@ def add_duplicates_command(sub: Subcommands) -> None:
 
 
 def duplicates_command(args: argparse.Namespace) -> int:
-    from ..calibration import threshold_for
+    from ..calibration import check_precision, threshold_for
     from ..duplicates import check_keep_rule, find_duplicates, iter_csv_rows
     from ..shards import open_index
 
@@ -71,6 +71,8 @@ def duplicates_command(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise ValueError("--batch must be at least 1")
     keep = check_keep_rule(args.keep)
+    if args.precision is not None:
+        check_precision(args.precision)
     flt = read_filter(args.filter)
     state = out.with_name(out.name + STATE_SUFFIX)
     store = open_index(Path(args.index))
