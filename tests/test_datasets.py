@@ -282,6 +282,12 @@ def test_csv_list_errors(tmp_path: Path) -> None:
     bad.write_text("path,label\na.png\n")
     with pytest.raises(DatasetError, match=r"bad.csv:2: row has 1 columns"):
         csv_list(bad)
+    bad.write_text('path,label,metadata\na.png,x,{"a": 1, "b": 2}\n')  # an unquoted comma
+    with pytest.raises(DatasetError, match=r"bad.csv:2: row has 4 columns.*quote a value"):
+        csv_list(bad)
+    bad.write_text("path,label,path\na.png,x,b.png\n")
+    with pytest.raises(DatasetError, match="column\\(s\\) path named twice"):
+        csv_list(bad)
     bad.write_text("path,label,extra\na.png,x,y\n")  # a column nothing reads
     with pytest.raises(DatasetError, match=r"unknown column\(s\) extra"):
         csv_list(bad)

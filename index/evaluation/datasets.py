@@ -359,15 +359,22 @@ def csv_list(path: str | Path) -> list[Item]:
             f"{path}: unknown column(s) {', '.join(unknown)}; a CSV list has the columns "
             f"{shape} (metadata: a JSON object as text); remove the others"
         )
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise DatasetError(f"{path}: column(s) {', '.join(repeated)} named twice in the header")
     col = {name: header.index(name) for name in CSV_COLUMNS if name in header}
     base = path.parent.absolute()
     items: list[Item] = []
     for line, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
-        if len(row) <= max(col.values()):
+        # more cells than the header names (trailing empty ones aside): an unquoted
+        # comma in a path or in metadata, which would otherwise be read shifted
+        extra = any(cell.strip() for cell in row[len(header) :])
+        if len(row) <= max(col.values()) or extra:
             raise DatasetError(
                 f"{path}:{line}: row has {len(row)} columns, header has {len(header)}"
+                + (" (quote a value holding a comma)" if extra else "")
             )
         written, label = row[col["path"]].strip(), row[col["label"]].strip()
         if not written or not label:
