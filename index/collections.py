@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .atomic import atomic_write_text, fsync_dir
+from .json_text import parse_json
 from .shards.store import is_index
 from .store import IndexStore, StoreError
 
@@ -305,7 +306,7 @@ class DataFolder:
 
 def _read_aliases(path: Path) -> dict[str, str]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:

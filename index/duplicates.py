@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .contract import stored_vectors
+from .json_text import parse_json
 from .store import StoreError
 from .store.request import MAX_DEPTH, Query, Where, checked_threshold
 
@@ -226,7 +227,7 @@ def _replay(state: Path | None, header: dict) -> tuple[dict, str | None]:
         return {}, None
     lines = state.read_text(encoding="utf-8").split("\n")
     try:
-        if json.loads(lines[0]) != header:
+        if parse_json(lines[0]) != header:
             return {}, None
     except ValueError:
         return {}, None
@@ -234,7 +235,7 @@ def _replay(state: Path | None, header: dict) -> tuple[dict, str | None]:
     after = None
     for line in lines[1:]:
         try:
-            entry = json.loads(line)
+            entry = parse_json(line)
         except ValueError:
             break  # a torn last line: that batch is searched again
         pairs.update({(a, b): s for a, b, s in entry["pairs"]})

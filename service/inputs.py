@@ -30,6 +30,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
+from vitrieval.index.json_text import parse_json
+
 from .errors import ApiError, validation_message
 from .operations import operation
 from .schemas import FormField
@@ -224,8 +226,8 @@ async def _read_json(request: Request, model: type[M]) -> tuple[M, list[ImageUpl
     if not raw:
         raise ApiError(422, "invalid_request", "the request body is empty")
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, too-long ints, nesting
+        data = parse_json(raw)
+    except ValueError as exc:  # JSONDecodeError, too-long ints, nesting
         raise ApiError(400, "invalid_json", f"the body is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", "the JSON body must be an object")
@@ -262,8 +264,8 @@ def decode_base64(text: str, field: str) -> bytes:
 
 def _json_field(text: str, field: str) -> Any:
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+        value = parse_json(text)
+    except ValueError:
         raise ApiError(422, "invalid_request", f"{field} must be JSON text") from None
     problem = find_unencodable(value, field)
     if problem:

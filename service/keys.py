@@ -12,7 +12,6 @@ exit, so the time of an answer says nothing about which keys exist.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vitrieval.index.collections import check_name
+from vitrieval.index.json_text import parse_json
 
 from .settings import api_key_problem
 
@@ -78,7 +78,7 @@ class KeyRing:
     @classmethod
     def read(cls, path: Path) -> KeyRing:
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = parse_json(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise KeysFileError(f"keys file not found: {path}") from None
         except (OSError, ValueError) as exc:

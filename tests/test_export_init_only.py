@@ -187,8 +187,8 @@ def test_an_index_built_with_the_exported_model(tmp_path, capsys):
         (["--init-only", "--dim", "0"], "--dim must be >= 1"),
         (["--init-only", "--pretrained", "missing.pth"], "--pretrained missing.pth: no such file"),
         (["--init-only", "--pool", "gem", "--pool-p", "nan"], "--pool-p must be a finite number"),
-        (["--init-only", "--opset", "999"], "ONNX export at opset 999 failed"),
-        (["--init-only", "--opset", "1"], "ONNX export at opset 1 failed"),
+        (["--init-only", "--opset", "999"], "the ONNX exporter failed at opset 999"),
+        (["--init-only", "--opset", "1"], "the ONNX exporter failed at opset 1"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, needle):

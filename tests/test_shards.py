@@ -425,15 +425,17 @@ def test_bad_sharded_builds_are_refused_in_one_line(tmp_path, capsys, tied, tiny
         assert code == 2 and one_line(err) and needle in err, (args, err)
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
-    # a damaged shards.json: every command that opens the index says so in one line
-    (tmp_path / "three" / SHARDS_FILE).write_text('{"format": "vitrieval-shards", "version": 1,')
-    for argv in (
-        ("info", tmp_path / "three"),
-        ("verify", tmp_path / "three"),
-        ("remove", tmp_path / "three", "k1"),
-    ):
-        code, _, err = run(capsys, *argv)
-        assert code == 2 and one_line(err) and "shards.json is damaged" in err, err
+    # a damaged shards.json (cut short, or nested past the parser's depth): every
+    # command that opens the index says so in one line
+    for damaged in ('{"format": "vitrieval-shards", "version": 1,', "[" * 20_000 + "]" * 20_000):
+        (tmp_path / "three" / SHARDS_FILE).write_text(damaged)
+        for argv in (
+            ("info", tmp_path / "three"),
+            ("verify", tmp_path / "three"),
+            ("remove", tmp_path / "three", "k1"),
+        ):
+            code, _, err = run(capsys, *argv)
+            assert code == 2 and one_line(err) and "shards.json is damaged" in err, err
     (tmp_path / "three" / SHARDS_FILE).write_text(
         json.dumps(
             {"format": "vitrieval-shards", "version": 1, "shards": ["shard-000", "shard-002"],

@@ -8,7 +8,6 @@ a run folder always says exactly how it was trained.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import types
 import typing
@@ -20,6 +19,7 @@ import yaml
 
 from vitrieval.index.atomic import atomic_write_text
 from vitrieval.index.cli.arguments import ArgumentAdder
+from vitrieval.index.json_text import parse_json
 
 from .options import LOSSES, POOLINGS, FlagOption, flag_options
 from .threads import MAX_AUTO_THREADS, THREADS_AUTO, normal_threads, resolve_threads
@@ -443,9 +443,9 @@ def load_config_file(path: Path, cls: type | None = FitConfig) -> dict[str, Any]
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    # RecursionError: nested too deep; UnicodeDecodeError: not UTF-8 text
+        text = path.read_text(encoding="utf-8")
+        data = parse_json(text) if path.suffix == ".json" else yaml.safe_load(text)
+    # ValueError: not UTF-8 text, or malformed JSON; RecursionError: YAML nested too deep
     except (ValueError, RecursionError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot parse {path}: {exc}") from None
     data = data or {}

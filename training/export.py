@@ -19,10 +19,12 @@ external data in `NAME.onnx.data` beside `NAME.onnx`; ONNX Runtime finds it ther
 
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,11 +134,7 @@ def export_model(
     data_path = external_data_path(out)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
         staged = Path(work) / out.name
-        try:
-            _write_onnx(model, meta, staged, opset, data_path.name if external_data else None)
-        except (RuntimeError, ValueError) as exc:  # an opset the exporter cannot write
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ExportError(f"ONNX export at opset {opset} failed: {reason}") from None
+        _write_onnx(model, meta, staged, opset, data_path.name if external_data else None)
         diffs = parity_check(model, staged, meta) if check else {}
         staged_data = staged.with_name(data_path.name)
         size = staged.stat().st_size + (staged_data.stat().st_size if external_data else 0)
@@ -145,6 +143,19 @@ def export_model(
             publish(staged_data, data_path, mode)  # onnx writes it owner-only
         publish(staged, out, mode)
     return ExportReport(out, meta, diffs, size, data_path if external_data else None)
+
+
+@contextlib.contextmanager
+def _exporter_failures(opset: int) -> Iterator[None]:
+    """torch.onnx.export's refusals as an ExportError naming the opset: an opset it does
+    not know (RuntimeError) or an operator it cannot write at that opset
+    (OnnxExporterError); the original stays chained."""
+    try:
+        yield
+    except (RuntimeError, torch.onnx.errors.OnnxExporterError) as exc:
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
+        raise ExportError(f"the ONNX exporter failed at opset {opset}: {reason}") from exc
 
 
 def _write_onnx(
@@ -157,7 +168,7 @@ def _write_onnx(
     raw = path.parent / "raw" / "model.onnx"
     raw.parent.mkdir()
     dummy = torch.zeros(2, *meta.input_size)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _exporter_failures(opset):
         warnings.simplefilter("ignore")  # the exporter's deprecation chatter
         torch.onnx.export(
             model,
@@ -292,8 +303,11 @@ def parity_check(model: EmbeddingModel, onnx_path: Path, meta: ModelMetadata) ->
                     f"{name}: ONNX output shape {got.shape} != PyTorch {expected.shape}"
                 )
             diffs[name] = float(np.abs(got - expected).max())
-    worst = max(diffs, key=diffs.get)
-    if not diffs[worst] <= PARITY_TOLERANCE:  # NaN included
+    # "not <=": a NaN difference fails too (NaN > tolerance is false); shown first
+    failing = {name: diff for name, diff in diffs.items() if not diff <= PARITY_TOLERANCE}
+    if failing:
+        nan = [name for name, diff in failing.items() if np.isnan(diff)]
+        worst = nan[0] if nan else max(failing, key=failing.__getitem__)
         raise ExportError(
             f"ONNX Runtime disagrees with PyTorch on {worst}: "
             f"max |diff| {diffs[worst]:.3e} > {PARITY_TOLERANCE}"

@@ -69,7 +69,7 @@ def _build(args: argparse.Namespace, items: list | None = None) -> int:
             "or a folder of embeddings (from `vitrieval-index embed`, for one)"
         )
     check_shards_option(args)
-    checked_save_every(args.save_every, 1)  # before the build: its value is read later
+    checked_save_every(args.save_every)  # before the build: its value is read later
     if getattr(args, "target_recall", None) is not None:
         check_target(args.target_recall)  # before the build, not after it
     if getattr(args, "ray", None) and (

@@ -38,9 +38,9 @@ def checked_oversample_option(value: int | None) -> int | None:
         raise ValueError(f"--oversample must be from 1 to {MAX_OVERSAMPLE}, got {value}") from None
 
 
-def checked_save_every(value: int | None, default: int) -> int:
+def checked_save_every(value: int | None, default: int | None = None) -> int | None:
     """`--save-every N` as given, or `default` when not given; below 1 is a ValueError
-    in the option's words (one line, exit 2), not a commit after every item or none."""
+    in the option's words (one line, exit 2), not a commit after every batch."""
     if value is None:
         return default
     if value < 1:

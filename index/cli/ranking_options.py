@@ -7,11 +7,11 @@ items (--label, --filter), how a compressed index scores them (--oversample,
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..grouping import DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
+from ..json_text import parse_json
 from ..store.request import DEFAULT_OVERSAMPLE, MAX_DEPTH, MAX_OVERSAMPLE
 from .arguments import ArgumentAdder
 from .common import checked_oversample_option
@@ -107,8 +107,8 @@ def read_filter(text: str | None) -> Filter | None:
         where = f"--filter {text}"
         text = Path(text[1:]).read_text(encoding="utf-8")
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        raw = parse_json(text)
+    except ValueError as exc:
         raise ValueError(f"{where} is not valid JSON ({exc})") from None
     return parse_filter(raw)
 

@@ -15,7 +15,7 @@ def add_reembed_command(sub: Subcommands) -> None:
     cmd.add_argument("src", help="the index whose items to embed again")
     cmd.add_argument("--model", required=True, help="the new model (.onnx)")
     cmd.add_argument("--out", required=True, help="the new index folder (a re-run resumes it)")
-    cmd.add_argument("--save-every", type=int, default=2048, metavar="N", help="images per commit")
+    cmd.add_argument("--save-every", type=int, metavar="N", help="images per commit (default 2048)")
     add_runtime_options(cmd)
     cmd.set_defaults(handler=_reembed)
 
@@ -23,7 +23,7 @@ def add_reembed_command(sub: Subcommands) -> None:
 def _reembed(args: argparse.Namespace) -> int:
     from ..reembed import REPORT_FILE, reembed
 
-    save_every = checked_save_every(args.save_every, args.save_every)
+    save_every = checked_save_every(args.save_every, 2048)
     out = Path(args.out)
     report = reembed(
         Path(args.src), out, embedder_from_args(Path(args.model), args), save_every=save_every

@@ -18,7 +18,6 @@ should list in a second, and a broken file is reported by `Item.open` (through
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from collections import defaultdict
@@ -29,6 +28,8 @@ import numpy as np
 from PIL import Image
 
 from vitrieval.index.runtime.images import DEFAULT_MAX_PIXELS, ImageDecodeError, open_image
+
+from ..json_text import parse_json
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "folder", "csv", "cub", "cars", "sop")
 """Names accepted by `load_dataset`."""
@@ -312,8 +313,8 @@ def file_key(path: Path, root: Path) -> str:
     except UnicodeEncodeError:
         shown = os.fsencode(path).decode("utf-8", "backslashreplace")
         raise DatasetError(
-            f"{shown}: the file name is not UTF-8 text (keys and paths are stored as "
-            "text): rename it"
+            f"{shown}: the path is not UTF-8 text (keys and paths are stored as text): "
+            "rename the file or its folder"
         ) from None
     return path.relative_to(root).as_posix()
 
@@ -402,8 +403,8 @@ def parse_metadata(text: str, where: str) -> dict:
     from vitrieval.index.store.filters import find_outside_int64, int64_message
 
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        value = parse_json(text)
+    except ValueError as exc:
         raise DatasetError(f"{where}: metadata is not JSON ({exc})") from None
     if not isinstance(value, dict):
         raise DatasetError(

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..atomic import atomic_path, atomic_write_text
+from ..json_text import parse_json
 from ..store.filters import find_outside_int64, int64_message
 from ..unit_vectors import unit_rows
 
@@ -133,8 +134,8 @@ def read_meta(folder: Path) -> dict[str, Any]:
             '{"dim": D, "model_fingerprint": "<sha256>"} (`vitrieval-index embed` writes it)'
         )
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        meta = parse_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
         raise EmbeddingsError(f"{path}: cannot read it as JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise EmbeddingsError(f"{path}: expected a JSON object")
@@ -395,8 +396,8 @@ def _metadata(part: Path, value: str | None, key: str) -> dict | None:
     if value is None:
         return None
     try:
-        parsed = json.loads(value)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        parsed = parse_json(value)
+    except ValueError as exc:
         raise EmbeddingsError(f"{part}: key {key!r}: metadata is not JSON ({exc})") from None
     if not isinstance(parsed, dict):
         raise EmbeddingsError(f"{part}: key {key!r}: metadata must be a JSON object")

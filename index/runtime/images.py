@@ -207,19 +207,23 @@ def open_image(
             raise ImageDecodeError(f"{name}: corrupt or truncated image ({exc})") from None
 
 
+NON_BLOCKING = getattr(os, "O_NONBLOCK", 0)  # POSIX; 0 elsewhere (no FIFOs to wait on)
+
+
 def _regular_file(path: str | os.PathLike[str], name: str) -> BinaryIO:
     """`path` opened for reading, refused unless it is a regular file: opening a FIFO
     waits for a writer and reading a device never ends, so a decode would hang on one
     (opened non-blocking to look, then read as a file is)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    fd = os.open(path, os.O_RDONLY | NON_BLOCKING)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ImageDecodeError(f"{name}: not a regular file (a folder, pipe, device or socket)")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        if NON_BLOCKING:
+            os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
+    return os.fdopen(fd, "rb")  # owns the descriptor from here
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ import faiss
 
 from ..atomic import atomic_write_bytes, atomic_write_text
 from ..factory import training_sample_size
+from ..json_text import parse_json
 from ..pipeline.build_index import REPORT_FILE, build_from_embeddings, check_folder_keys
 from ..pipeline.embeddings_folder import BATCH_ROWS, EmbeddingsError, EmbeddingsFolder
 from ..store import IndexStore, StoreError, VectorIndex, new_faiss_index
@@ -310,7 +311,7 @@ def _shard_manifests(out: Path, committed: ShardsManifest | None) -> list[mf.Man
 def _read_plan(out: Path) -> dict[str, Any] | None:
     path = out / PLAN_FILE
     try:
-        plan = json.loads(path.read_text(encoding="utf-8"))
+        plan = parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
+from ..json_text import parse_json
 from ..store import StoreError
 
 SHARDS_FILE = "shards.json"
@@ -101,7 +102,7 @@ def read_shards_manifest(directory: str | Path) -> ShardsManifest:
     """shards.json of `directory`; a StoreError naming the file and the problem."""
     path = Path(directory) / SHARDS_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise StoreError(f"{directory} is not a sharded index (no {SHARDS_FILE})") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
+from ..json_text import parse_json
 from .errors import ScrubStopped, StoreError, WriterLockTimeout
 
 # the entries a manifest holds, defined apart (manifest_entries.py), named here as ever
@@ -348,8 +349,8 @@ def read_manifest_json(directory: Path) -> Any:
     except OSError as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        data = parse_json(text)
+    except ValueError:
         raise StoreError(f"{path} is not valid JSON (damaged or not an index manifest)") from None
     return data
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..atomic import fsync_dir
+from ..json_text import parse_json
 from . import manifest as mf
 from ._journal import JOURNAL_FILE
 from ._leases import Lease
@@ -262,14 +263,14 @@ def read_snapshot_info(source: IO[bytes]) -> SnapshotInfo:
 
 def _read_info(name: str, data: bytes) -> SnapshotInfo:
     try:
-        raw = json.loads(data) if name == SNAPSHOT_FILE else None
+        raw = parse_json(data) if name == SNAPSHOT_FILE else None
         if not isinstance(raw, dict) or raw.get("format") != SNAPSHOT_FORMAT:
             raise ValueError
         files = {
             str(k): mf.FileEntry(str(v["sha256"]), int(v["bytes"])) for k, v in raw["files"].items()
         }
         return SnapshotInfo(int(raw["generation"]), int(raw["count"]), str(raw["created"]), files)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise StoreError(
             f"not a vitrieval snapshot (format {SNAPSHOT_FORMAT}): its first member is not "
             f"a valid {SNAPSHOT_FILE}"
