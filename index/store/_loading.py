@@ -23,7 +23,7 @@ from ._leases import Lease
 from ._persist import committed_files
 from ._sealed_segment import SealedSegment
 from ._state import StoreState
-from ._vectors import FAISS_PARAMS, VectorIndex, check_gpu_mode, new_faiss_index, start_template
+from ._vectors import VectorIndex, check_gpu_mode, new_faiss_index, start_template
 from .errors import FolderNotEmptyError, StoreError
 
 logger = logging.getLogger(__name__)
@@ -128,12 +128,8 @@ def _load(directory: Path, manifest: mf.Manifest, gpu: str, lease: Lease | None)
             dba_index = DbaIndex(directory, manifest.dba_index, manifest.dim)
         # the saved settings before the state is made: its growing segment is a copy
         # of the template, and adds after opening (or replayed from the journal) go there
-        for name, value in manifest.search_params.items():
-            if name not in FAISS_PARAMS:
-                continue
-            VectorIndex(template, "cpu").set_parameter(name, value)
-            for segment in sealed:
-                segment.vectors.set_parameter(name, value)
+        for vectors in (VectorIndex(template, "cpu"), *(s.vectors for s in sealed)):
+            vectors.set_saved_parameters(manifest.search_params)
     except BaseException:
         for segment in sealed:
             segment.close()

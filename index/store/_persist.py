@@ -170,9 +170,7 @@ def _open_sealed(state: StoreState, entry: mf.SegmentEntry, late: set[int]) -> S
     """A segment just written, opened from its files; `late`: ids removed from it since
     its rows were snapshotted (pending tombstones, written by the next save)."""
     segment = SealedSegment(state.directory, entry, state.dim, state.gpu, state.factory)
-    for name, value in state.search_params().items():
-        if name in FAISS_PARAMS:
-            segment.vectors.set_parameter(name, value)
+    segment.vectors.set_saved_parameters(state.search_params())
     if late:
         segment.retire(np.fromiter(late, dtype=np.int64))
     return segment

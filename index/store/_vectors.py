@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import faiss
@@ -320,6 +320,13 @@ class VectorIndex:
                 f"(its settings: {self.search_settings() or 'none'})"
             ) from None
         self._gpu = None
+
+    def set_saved_parameters(self, params: Mapping[str, int]) -> None:
+        """FAISS's own settings among a commit's search settings (`FAISS_PARAMS`:
+        nprobe, efSearch; the store's, such as the oversample, are not FAISS's)."""
+        for name, value in params.items():
+            if name in FAISS_PARAMS:
+                self.set_parameter(name, value)
 
     # -- GPU ---------------------------------------------------------------------------
 
