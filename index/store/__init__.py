@@ -64,7 +64,7 @@ manifest.json::
   written now holds its items in ascending id order (_id_order.py: a merge merges its
   segments' rows by id) and is marked `rows_in_id_order`; an older merge could write
   them out of order, so an unmarked segment is checked when first read
-  (_sealed_segment.py) and, if so, read through its (id, row) pairs.
+  (_sealed_segment.py) and, if so, each id's row read from its rows in id order.
 - FAISS layout: an IndexIDMap2 around the factory index, ids = item ids; except IVF
   factories, whose index holds the item ids itself (IDMap2 over IVF corrupts its id
   map on remove_ids). Inner product on L2-normalised vectors (scores are cosines).
