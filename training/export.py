@@ -148,11 +148,11 @@ def export_model(
 @contextlib.contextmanager
 def _exporter_failures(opset: int) -> Iterator[None]:
     """torch.onnx.export's refusals as an ExportError naming the opset: an opset it does
-    not know (RuntimeError) or an operator it cannot write at that opset
-    (OnnxExporterError); the original stays chained."""
+    not know, or an operator it cannot write at that opset (OnnxExporterError, itself
+    a RuntimeError); the original stays chained."""
     try:
         yield
-    except (RuntimeError, torch.onnx.errors.OnnxExporterError) as exc:
+    except RuntimeError as exc:
         text = str(exc).strip()
         reason = text.splitlines()[0] if text else type(exc).__name__
         raise ExportError(f"the ONNX exporter failed at opset {opset}: {reason}") from exc
